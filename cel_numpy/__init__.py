@@ -1,0 +1,1 @@
+"""cel-numpy: capability enhancement localization in pure NumPy."""
