@@ -1,0 +1,1 @@
+"""Template-generated tasks (no downloads); see `cel_numpy.tasks.base` for the contract."""

@@ -1,0 +1,52 @@
+"""What a task is: items with a prompt and an expected answer, and how an answer is scored.
+
+The contract between the task suite (`cel_numpy.tasks`) and the localization routine
+(`cel_numpy.localize`): the routine never looks inside a prompt; it asks the model for an answer
+the way the task says (`scoring`), then asks the task whether that answer is correct.
+
+Scoring modes
+    "generate"  greedy continuation of the prompt, stopped at the first newline or after
+                `max_new_tokens`; `Task.is_correct(item, text)` decides (e.g. strict signed-integer
+                exact match for arithmetic).
+    "choice"    the candidate in `item.choices` with the highest total log-probability as a
+                continuation of the prompt; correct iff it is `item.answer`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+
+Scoring = Literal["generate", "choice"]
+
+
+@dataclass(frozen=True)
+class Item:
+    task: str
+    subtask: str
+    prompt: str  # text fed to the model, without the answer
+    answer: str  # the expected answer (for "choice": one of `choices`)
+    choices: tuple[str, ...] = ()  # candidate continuations for "choice" scoring (with leading space if any)
+
+    @property
+    def id(self) -> str:
+        """Content hash: two items with the same id are the same question."""
+        blob = "\x1f".join([self.task, self.subtask, self.prompt, self.answer, *self.choices])
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+class Task(Protocol):
+    name: str
+    scoring: Scoring
+    max_new_tokens: int  # cap for "generate" scoring
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Item]:
+        """n items (may repeat; panels de-duplicate by `Item.id`)."""
+        ...
+
+    def is_correct(self, item: Item, output: str) -> bool:
+        """Score one model output (generated text, or the chosen candidate)."""
+        ...
