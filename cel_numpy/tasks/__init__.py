@@ -1,1 +1,38 @@
-"""Template-generated tasks (no downloads); see `cel_numpy.tasks.base` for the contract."""
+"""Template-generated tasks (no downloads); see `cel_numpy.tasks.base` for the contract.
+
+    TASKS["arithmetic"]    "Question: What is 48 plus 76?\\nAnswer:" -> " 124"      generate
+    TASKS["ioi"]           "When Mary and John went to the store, John gave a drink to" -> " Mary"   choice
+    TASKS["greater_than"]  "The war lasted from the year 1732 to the year 17" -> any YY > 32   generate
+    TASKS["capitals"]      "France: Paris\\nJapan: Tokyo\\nEgypt: Cairo\\nItaly:" -> " Rome"   generate
+    TASKS["antonyms"]      "hot -> cold\\nrich -> poor\\nday -> night\\nwet ->" -> " dry"    generate
+    TASKS["agreement"]     "The key near the cabinets" -> " is" (vs " are")          choice
+
+Each module's docstring gives the templates, scoring decisions and template-space sizes.
+"""
+
+from cel_numpy.tasks.agreement import Agreement
+from cel_numpy.tasks.arithmetic import Arithmetic
+from cel_numpy.tasks.base import Item, Scoring, Task
+from cel_numpy.tasks.fewshot import antonyms, capitals
+from cel_numpy.tasks.greater_than import GreaterThan
+from cel_numpy.tasks.ioi import IndirectObject
+from cel_numpy.tasks.panels import make_panels, max_panel_items, panel_hash
+from cel_numpy.tasks.template import TemplateTask
+
+TASKS: dict[str, Task] = {
+    task.name: task
+    for task in (Arithmetic(), IndirectObject(), GreaterThan(), capitals(), antonyms(), Agreement())
+}
+
+
+def get_task(name: str) -> Task:
+    """The registered task called `name`; ValueError listing the known names otherwise."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+    return TASKS[name]
+
+
+__all__ = [
+    "TASKS", "Item", "Scoring", "Task", "TemplateTask",
+    "get_task", "make_panels", "max_panel_items", "panel_hash",
+]  # fmt: skip

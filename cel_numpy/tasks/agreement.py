@@ -1,0 +1,46 @@
+"""Subject-verb agreement across an attractor noun (Linzen et al. 2016).
+
+    "The key near the cabinets" -> " is"   (not " are")
+
+Four subtasks by (subject number, attractor number): SS, SP, PS, PP. In SP and PS the noun
+nearest the verb has the wrong number, which is where small models slip.
+Scoring ("choice"): " is" vs " are", in that order; correct iff the verb agreeing with the
+subject has the higher total log-probability.
+
+Template space per subtask: 14 subjects * 13 attractors (never the subject's own noun)
+* 6 prepositions = 1092.
+"""
+
+from __future__ import annotations
+
+from cel_numpy.tasks.base import Item
+from cel_numpy.tasks.template import TemplateTask
+
+NOUNS = (
+    ("key", "keys"), ("author", "authors"), ("dog", "dogs"), ("teacher", "teachers"),
+    ("picture", "pictures"), ("book", "books"), ("car", "cars"), ("doctor", "doctors"),
+    ("box", "boxes"), ("child", "children"), ("woman", "women"), ("man", "men"),
+    ("table", "tables"), ("bottle", "bottles"),
+)  # fmt: skip
+PREPOSITIONS = ("near", "behind", "next to", "beside", "with", "under")
+CHOICES = (" is", " are")
+
+
+class Agreement(TemplateTask):
+    name = "agreement"
+    scoring = "choice"
+    max_new_tokens = 1
+    subtasks = ("SS", "SP", "PS", "PP")
+
+    def space_size(self, subtask: str) -> int:
+        return len(NOUNS) * (len(NOUNS) - 1) * len(PREPOSITIONS)
+
+    def item_at(self, subtask: str, index: int) -> Item:
+        self._check_index(subtask, index)
+        index, k = divmod(index, len(NOUNS) * (len(NOUNS) - 1))
+        s, a = divmod(k, len(NOUNS) - 1)
+        a += a >= s  # skip the subject's own noun
+        subject = NOUNS[s][subtask[0] == "P"]
+        attractor = NOUNS[a][subtask[1] == "P"]
+        prompt = f"The {subject} {PREPOSITIONS[index]} the {attractor}"
+        return Item(self.name, subtask, prompt, answer=CHOICES[subtask[0] == "P"], choices=CHOICES)

@@ -1,0 +1,52 @@
+"""Indirect object identification (Wang et al. 2022): who receives the object?
+
+    "When Mary and John went to the store, John gave a drink to" -> " Mary"
+
+Two subtasks by name order in the first clause (IO = indirect object, S = subject, who repeats):
+    ABBA  "When {IO} and {S} went to the {place}, {S} gave a {object} to"
+    BABA  "When {S} and {IO} went to the {place}, {S} gave a {object} to"
+Scoring ("choice"): the two names, in order of first mention, each with a leading space; correct
+iff the indirect object has the higher total log-probability. The answer sits first in ABBA and
+second in BABA, so position alone scores 50%.
+
+Template space per subtask: 20 * 19 ordered name pairs * 4 templates * 8 places * 8 objects = 97280.
+"""
+
+from __future__ import annotations
+
+from cel_numpy.tasks.base import Item
+from cel_numpy.tasks.template import TemplateTask
+
+NAMES = (
+    "Mary", "John", "Tom", "James", "Sarah", "Anna", "David", "Paul", "Kate", "Lisa",
+    "Mark", "Emma", "Mike", "Jack", "Laura", "Peter", "Susan", "Daniel", "Rachel", "Michael",
+)  # fmt: skip
+TEMPLATES = (
+    "When {A} and {B} went to the {place}, {S} gave a {object} to",
+    "After {A} and {B} went to the {place}, {S} gave a {object} to",
+    "While {A} and {B} were working at the {place}, {S} gave a {object} to",
+    "Then, {A} and {B} went to the {place}. {S} gave a {object} to",
+)
+PLACES = ("store", "park", "school", "office", "station", "restaurant", "hospital", "garden")
+OBJECTS = ("drink", "book", "ball", "bag", "ring", "letter", "kiss", "basketball")
+
+
+class IndirectObject(TemplateTask):
+    name = "ioi"
+    scoring = "choice"
+    max_new_tokens = 2
+    subtasks = ("ABBA", "BABA")
+
+    def space_size(self, subtask: str) -> int:
+        return len(NAMES) * (len(NAMES) - 1) * len(TEMPLATES) * len(PLACES) * len(OBJECTS)
+
+    def item_at(self, subtask: str, index: int) -> Item:
+        self._check_index(subtask, index)
+        index, k = divmod(index, len(NAMES) * (len(NAMES) - 1))
+        io, s = divmod(k, len(NAMES) - 1)
+        s += s >= io  # skip the IO's own name
+        index, t = divmod(index, len(TEMPLATES))
+        p, o = divmod(index, len(OBJECTS))
+        first, second = (NAMES[io], NAMES[s]) if subtask == "ABBA" else (NAMES[s], NAMES[io])
+        prompt = TEMPLATES[t].format(A=first, B=second, S=NAMES[s], place=PLACES[p], object=OBJECTS[o])
+        return Item(self.name, subtask, prompt, answer=" " + NAMES[io], choices=(" " + first, " " + second))
