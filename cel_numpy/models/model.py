@@ -1,0 +1,305 @@
+"""Model: params + config + tokenizer, with logits, named activations, ablations and generation.
+
+    model = cel_numpy.load_model("smollm2")
+    ids = model.tokenizer.encode("The capital of France is")
+    logits = model.logits([ids])                                   # (1, T, V)
+    logits = model.logits([ids], ablate=[(3, 1)])                  # head 1 of layer 3 zeroed
+    logits = model.logits([ids], ablate=[(3, 1)], ablation="mean", reference=ref_ids)
+    logits, cache = model.run_with_cache([ids]); cache["blocks.0.attn.pattern"]  # (1, H, T, T)
+    model.generate("The capital of France is", max_new_tokens=8)  # -> " Paris. ..."
+
+Batches: `ids` is a list of token-id lists (any lengths) or an int array (B, T). Lists are
+LEFT-padded by `pad`, so column -1 is every prompt's next-token position; outputs at padding
+positions are garbage. Positions count real tokens only: clip(cumsum(mask) - 1, 0).
+
+Ablation acts on z, each head's output before the output projection W_O. Heads are named
+(layer, head), 0-based. Under grouped-query attention one query head is removed; the key/value
+group it reads stays (other heads use it).
+  - zero: z_h = 0.
+  - mean: z_h = mean of z_h over every non-pad position of a reference batch, computed with the
+    intact model (one vector per head, the same at every position) -- `mean_z`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from cel_numpy.cli import UserError
+from cel_numpy.models.config import ModelConfig
+from cel_numpy.models.transformer import (
+    ForwardCache,
+    blocks_forward,
+    embed,
+    flatten_params,
+    params_dtype,
+    prepare_inputs,
+    transformer_forward,
+)
+
+ABLATIONS = ("zero", "mean")
+
+
+class InvalidHeadError(UserError, ValueError):
+    """An ablation names a head the model does not have (one-line message)."""
+
+
+class NoTokenizerError(UserError, RuntimeError):
+    """Text was given to a model loaded without tokenizer files."""
+
+
+class Model:
+    """A loaded GPT-2 or Llama model. Stateless between calls: every intervention is an argument."""
+
+    def __init__(self, params: dict, config: ModelConfig, tokenizer=None, *, source: str = ""):
+        self.params = params
+        self.config = config
+        self.tokenizer = tokenizer
+        self.source = source
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def dtype(self) -> np.dtype:
+        return params_dtype(self.params)
+
+    def n_params(self) -> int:
+        """Distinct parameter count (a tied unembedding counted once)."""
+        seen, total = set(), 0
+        for array in flatten_params(self.params).values():
+            base = array.base if array.base is not None else array
+            if id(base) not in seen:
+                seen.add(id(base))
+                total += array.size
+        return total
+
+    def weight_bytes(self) -> int:
+        return self.n_params() * self.dtype.itemsize
+
+    def describe(self) -> dict:
+        c = self.config
+        return {
+            "family": c.family,
+            "layers": c.n_layers,
+            "heads": c.n_heads,
+            "kv_heads": c.n_kv_heads,
+            "d_model": c.d_model,
+            "d_head": c.d_head,
+            "d_mlp": c.d_mlp,
+            "vocab": c.vocab_size,
+            "n_ctx": c.n_ctx,
+            "tied_embeddings": c.tied_embeddings,
+            "rope_base": c.rope_base if c.family == "llama" else None,
+            "dtype": str(self.dtype),
+            "parameters": self.n_params(),
+            "file": self.source,
+        }
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"Model({c.family}, {c.n_layers} layers x {c.n_heads} heads ({c.n_kv_heads} kv), "
+            f"d_model {c.d_model}, vocab {c.vocab_size}, {self.dtype}, source={self.source!r})"
+        )
+
+    # ------------------------------------------------------------------ text
+
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise NoTokenizerError(
+                f"{self.source or 'this model'} was loaded without tokenizer files "
+                "(tokenizer.json or vocab.json + merges.txt): pass token ids instead of text"
+            )
+        return self.tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self._require_tokenizer().encode(text)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self._require_tokenizer().decode([int(i) for i in ids])
+
+    # ------------------------------------------------------------------ batches
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        for candidate in (getattr(tok, "pad_id", None), getattr(tok, "eos_id", None)):
+            if candidate is not None:
+                return int(candidate)
+        return 0
+
+    def pad(self, seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """List of id lists -> ids (B, T) int64, attention_mask (B, T) int64, LEFT-padded."""
+        seqs = [list(s) for s in seqs]
+        if not seqs:
+            raise ValueError("empty batch: give at least one prompt")
+        if any(len(s) == 0 for s in seqs):
+            raise ValueError("every prompt needs at least one token")
+        T = max(len(s) for s in seqs)
+        ids = np.full((len(seqs), T), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(seqs), T), dtype=np.int64)
+        for b, s in enumerate(seqs):
+            ids[b, T - len(s) :] = s
+            mask[b, T - len(s) :] = 1
+        return ids, mask
+
+    def as_batch(self, ids, attention_mask=None) -> tuple[np.ndarray, np.ndarray]:
+        """ids as list of lists (padded here) or (B, T) array (mask of ones if not given)."""
+        if isinstance(ids, np.ndarray):
+            if ids.ndim != 2:
+                raise ValueError(f"ids must be a (B, T) batch, got shape {ids.shape}: wrap one prompt as [ids]")
+            if attention_mask is None:
+                attention_mask = np.ones(ids.shape, dtype=np.int64)
+            return ids, np.asarray(attention_mask)
+        seqs = list(ids)
+        if seqs and isinstance(seqs[0], (int, np.integer)):
+            raise ValueError("ids must be a batch (a list of id lists): wrap one prompt as [ids]")
+        if seqs and isinstance(seqs[0], str):
+            seqs = [self.encode(s) for s in seqs]
+        if attention_mask is not None:
+            return np.asarray(seqs, dtype=np.int64), np.asarray(attention_mask)
+        return self.pad(seqs)
+
+    # ------------------------------------------------------------------ ablation
+
+    def head_mask(self, ablate) -> np.ndarray | None:
+        """Iterable of (layer, head) -> (L, H) mask, 0 at ablated heads; None if nothing ablated."""
+        if ablate is None:
+            return None
+        L, H = self.config.n_layers, self.config.n_heads
+        mask = np.ones((L, H), dtype=self.dtype)
+        heads = list(ablate)
+        if len(heads) == 2 and all(isinstance(x, (int, np.integer)) for x in heads):
+            raise InvalidHeadError(f"ablate takes a list of (layer, head) pairs: write [{tuple(heads)}]")
+        for head in heads:
+            try:
+                layer, h = (int(x) for x in head)
+            except (TypeError, ValueError):
+                raise InvalidHeadError(f"ablate entries must be (layer, head) pairs, got {head!r}") from None
+            if not (0 <= layer < L and 0 <= h < H):
+                raise InvalidHeadError(f"head ({layer}, {h}) out of range: model has {L} layers x {H} heads (0-based)")
+            mask[layer, h] = 0
+        return mask if not np.all(mask == 1) else None
+
+    def mean_z(self, reference, attention_mask=None, *, batch_size: int = 32) -> np.ndarray:
+        """Per-head mean of z over all non-pad positions of `reference`, intact model. (L, H, E).
+
+        reference: list of id lists (or strings), or a (B, T) array with its attention_mask.
+        """
+        ids, mask = self.as_batch(reference, attention_mask)
+        c = self.config
+        total = np.zeros((c.n_layers, c.n_heads, c.d_head), dtype=np.float64)
+        count = 0
+        for start in range(0, ids.shape[0], batch_size):
+            chunk_ids, chunk_mask = ids[start : start + batch_size], mask[start : start + batch_size]
+            inputs = prepare_inputs(c, chunk_mask, chunk_ids.shape[1], self.dtype)
+            x = embed(self.params, c, chunk_ids, inputs.positions)  # (B, T, D)
+            valid = chunk_mask.astype(self.dtype)  # (B, T)
+            for layer in range(c.n_layers):  # one layer at a time: only z is kept
+                x, caches, _ = blocks_forward(self.params, c, x, inputs, range(layer, layer + 1))
+                z = caches[layer].attn.z  # (B, H, T, E)
+                total[layer] += np.einsum("bhte,bt->he", z, valid)  # (H, E)
+            count += int(chunk_mask.sum())
+        return (total / count).astype(self.dtype)
+
+    def intervention(self, ablate=None, ablation: str = "zero", reference=None, mean_z=None):
+        """(head_mask (L, H) or None, head_fill (L, H, E) or None) for an ablation spec."""
+        if ablation not in ABLATIONS:
+            raise UserError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
+        head_mask = self.head_mask(ablate)
+        if head_mask is None or ablation == "zero":
+            return head_mask, None
+        if mean_z is None:
+            if reference is None:
+                raise UserError("mean ablation needs reference=... (token ids of a reference batch) or mean_z=...")
+            mean_z = self.mean_z(reference)
+        c = self.config
+        if np.shape(mean_z) != (c.n_layers, c.n_heads, c.d_head):
+            raise ValueError(f"mean_z must be (L, H, E) = {(c.n_layers, c.n_heads, c.d_head)}, got {np.shape(mean_z)}")
+        return head_mask, np.asarray(mean_z, dtype=self.dtype)
+
+    # ------------------------------------------------------------------ forward
+
+    def run_with_cache(
+        self, ids, attention_mask=None, *, ablate=None, ablation="zero", reference=None, mean_z=None
+    ) -> tuple[np.ndarray, ForwardCache]:
+        """logits (B, T, V) and every activation by name (see ForwardCache.names())."""
+        ids, mask = self.as_batch(ids, attention_mask)
+        head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
+        return transformer_forward(self.params, self.config, ids, mask, head_mask=head_mask, head_fill=head_fill)
+
+    def logits(self, ids, attention_mask=None, *, ablate=None, ablation="zero", reference=None, mean_z=None):
+        """ids (B, T) or list of id lists -> logits (B, T, V) in the model dtype."""
+        ids, mask = self.as_batch(ids, attention_mask)
+        head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
+        logits, _ = transformer_forward(
+            self.params, self.config, ids, mask, head_mask=head_mask, head_fill=head_fill, keep_activations=False
+        )
+        return logits
+
+    def next_token_logits(self, ids, attention_mask=None, **ablation) -> np.ndarray:
+        """Logits at the last column only (every prompt's next token after left-padding): (B, V)."""
+        ids, mask = self.as_batch(ids, attention_mask)
+        head_mask, head_fill = self.intervention(**ablation)
+        logits, _ = transformer_forward(
+            self.params, self.config, ids, mask, head_mask=head_mask, head_fill=head_fill,
+            keep_activations=False, logit_positions=slice(-1, None),
+        )  # fmt: skip
+        return logits[:, -1]  # (B, V)
+
+    # ------------------------------------------------------------------ generation
+
+    def generate_ids(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int = 16,
+        *,
+        ablate=None,
+        ablation: str = "zero",
+        reference=None,
+        mean_z=None,
+        stop_at_eos: bool = True,
+        use_cache: bool = True,
+    ) -> list[list[int]]:
+        """Greedy continuation of each prompt (new ids only; the eos token is not included).
+
+        With use_cache the prompts run once and every new token reuses the keys/values of
+        earlier positions (past_kv); without, every step recomputes the whole sequence (same
+        tokens, for tests and teaching). Rows stop at eos; the loop stops when all rows have.
+        """
+        ids, mask = self.pad(prompts)
+        head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
+        eos = getattr(self.tokenizer, "eos_id", None) if stop_at_eos else None
+        B = ids.shape[0]
+        new: list[list[int]] = [[] for _ in range(B)]
+        done = np.zeros(B, dtype=bool)
+        past, step_ids, all_ids = None, ids, ids
+        for _ in range(max_new_tokens):
+            logits, cache = transformer_forward(
+                self.params, self.config, step_ids if use_cache else all_ids, mask,
+                head_mask=head_mask, head_fill=head_fill, past=past,
+                keep_activations=False, logit_positions=slice(-1, None),
+            )  # fmt: skip
+            next_ids = logits[:, -1].argmax(axis=-1)  # (B,)
+            for b in np.flatnonzero(~done):
+                token = int(next_ids[b])
+                if eos is not None and token == eos:
+                    done[b] = True
+                else:
+                    new[b].append(token)
+            if done.all():
+                break
+            step_ids = next_ids[:, None].astype(np.int64)  # (B, 1)
+            all_ids = np.concatenate([all_ids, step_ids], axis=1)  # (B, T + steps)
+            mask = np.concatenate([mask, np.ones((B, 1), dtype=mask.dtype)], axis=1)
+            past = cache.kv if use_cache else None
+        return new
+
+    def generate(self, text: str | Sequence[str], max_new_tokens: int = 16, **kwargs) -> str | list[str]:
+        """Greedy continuation of a prompt (or of each prompt in a list); returns the new text only."""
+        tok = self._require_tokenizer()
+        prompts = [text] if isinstance(text, str) else list(text)
+        new = self.generate_ids([tok.encode(p) for p in prompts], max_new_tokens, **kwargs)
+        out = [tok.decode(ids) for ids in new]
+        return out[0] if isinstance(text, str) else out
