@@ -1,0 +1,126 @@
+"""`cel-numpy theory`: train the two-task theory model, ablate heads, write DIR/summary.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cel_numpy.theory.train import TrainConfig
+
+DEFAULT_SWEEP_SCALES = "1e-4,1e-3,1e-2,1e-1,3e-1"
+
+
+def register(subparsers) -> None:
+    d = TrainConfig()
+    p = subparsers.add_parser(
+        "theory",
+        help="train the two-task theory model, ablate heads, write a summary",
+        description="Train the two-task theory model (DESIGN.md section 3), compare with the closed forms, "
+        "measure the concentration of the c-feature, and ablate every head and head set up to size 3.",
+    )
+    p.add_argument("--heads", type=int, default=d.n_heads, help=f"number of heads H (default {d.n_heads})")
+    p.add_argument("--p-a", type=float, default=d.p_a, help=f"probability of task A (default {d.p_a})")
+    p.add_argument("--init", type=float, default=d.init_scale, help=f"init scale sigma0 (default {d.init_scale})")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"gradient steps (default {d.steps})")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
+    p.add_argument("--batch", type=int, default=d.batch_size, help=f"batch size (default {d.batch_size})")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--eval-samples", type=int, default=50_000, help="fresh held-out samples per task (default 50000)")
+    p.add_argument("--out", default="runs/theory", help="output directory (default runs/theory)")
+    p.add_argument("--sweep-init", action="store_true", help="sweep init scales x seeds; plot concentration vs init")
+    p.add_argument("--sweep-scales", default=DEFAULT_SWEEP_SCALES, help="comma-separated init scales for --sweep-init")
+    p.add_argument("--sweep-seeds", type=int, default=3, help="seeds per init scale for --sweep-init (default 3)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=main)
+
+
+def _config(args) -> TrainConfig:
+    from cel_numpy.cli import UserError
+
+    if not 0.0 <= args.p_a <= 1.0:
+        raise UserError(f"--p-a must lie in [0, 1], got {args.p_a}")
+    if args.eval_samples < 100:
+        raise UserError(f"--eval-samples must be >= 100, got {args.eval_samples}")
+    try:
+        return TrainConfig(
+            n_heads=args.heads,
+            p_a=args.p_a,
+            init_scale=args.init,
+            steps=args.steps,
+            lr=args.lr,
+            batch_size=args.batch,
+            log_every=max(1, args.steps // 60),
+        )
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def _parse_scales(text: str) -> list[float]:
+    from cel_numpy.cli import UserError
+
+    try:
+        scales = [float(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--sweep-scales must be comma-separated numbers, got {text!r}") from None
+    if not scales or any(s <= 0 for s in scales):
+        raise UserError(f"--sweep-scales must be positive numbers, got {text!r}")
+    return scales
+
+
+def format_table(summary: dict) -> str:
+    """The short report printed by `cel-numpy theory`."""
+    cf, tl = summary["closed_form"], summary["task_losses"]
+    lines = [
+        f"{'loss':8s} {'trained':>9s} {'closed form':>12s}",
+        f"{'joint':8s} {summary['joint_loss']:9.4f} {cf['joint']:12.4f}",
+        f"{'task A':8s} {tl['a']:9.4f} {cf['a']:12.4f}",
+        f"{'task B':8s} {tl['b']:9.4f} {cf['b']:12.4f}",
+        f"concentration index: {summary['concentration']:.3f} (c-feature head: {summary['c_head']})",
+        "",
+        f"{'head':>4s} {'c-loading':>10s} {'s-loading':>10s} {'ablate dA':>10s} {'ablate dB':>10s}",
+    ]
+    for h in summary["heads"]:
+        lines.append(
+            f"{h['head']:4d} {h['c_loading']:10.4f} {h['s_loading']:10.4f}"
+            f" {h['ablate_delta_a']:+10.4f} {h['ablate_delta_b']:+10.4f}"
+        )
+    best = summary["best_joint_ablation"]
+    lines.append(
+        f"best ablation (sets up to size 3): heads {best['heads']}  dA {best['delta_a']:+.4f}  dB {best['delta_b']:+.4f}"
+    )
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from cel_numpy.theory.run import check_writable, run_theory, sweep_init
+
+    config = _config(args)
+    out = check_writable(args.out)  # before any training
+    progress = not args.quiet
+    if args.sweep_init:
+        from cel_numpy import plots
+
+        scales = _parse_scales(args.sweep_scales)
+        if args.sweep_seeds < 1:
+            from cel_numpy.cli import UserError
+
+            raise UserError(f"--sweep-seeds must be >= 1, got {args.sweep_seeds}")
+        seeds = list(range(args.seed, args.seed + args.sweep_seeds))
+        records = sweep_init(config, scales, seeds, eval_samples=args.eval_samples, progress=progress)
+        (out / "sweep.json").write_text(json.dumps({"config": config.to_dict(), "runs": records}, indent=2) + "\n")
+        plots.plot_concentration_vs_init(records, out / "concentration_vs_init.png")
+        print(f"{'init':>8s} {'seed':>4s} {'conc.':>6s} {'joint':>7s} {'c-head dA':>10s} {'c-head dB':>10s}")
+        for r in records:
+            print(
+                f"{r['init_scale']:8.0e} {r['seed']:4d} {r['concentration']:6.3f} {r['joint_loss']:7.4f}"
+                f" {r['c_head_delta_a']:+10.4f} {r['c_head_delta_b']:+10.4f}"
+            )
+        print(f"wrote {out / 'sweep.json'} and {out / 'concentration_vs_init.png'}")
+        return 0
+    if progress:
+        print(f"training H={config.n_heads} p_A={config.p_a} init={config.init_scale} for {config.steps} steps", file=sys.stderr)
+    summary = run_theory(config, args.seed, out, eval_samples=args.eval_samples, progress=progress)
+    print(format_table(summary))
+    print(f"wrote {out / 'summary.json'}, params.npz and figures in {out}")
+    return 0
