@@ -1,0 +1,349 @@
+"""Evaluators: how the routine asks "which examples does this model get right under this ablation?".
+
+The routine never touches a model. It hands an `Evaluator` a list of items and a list of
+*conditions* and gets back, per condition, one `ExampleResult` per item:
+
+    condition  = tuple of (layer, head) pairs, sorted; () is the intact model
+    evaluate_many(items, [c_1, ..., c_K]) -> [[ExampleResult, ...] (one per item), ...] (one per c_k)
+
+Many conditions at once is deliberate: a fast evaluator can share work across conditions
+(the residual stream below the lowest ablated layer is the intact one). The implementations
+here are the *naive reference*: every condition is one independent evaluation
+(`evaluate_naive`), simple enough to be obviously right, so a fast path can be tested
+against them result for result.
+
+Evaluators
+    LMEvaluator      a real language model (`cel_numpy.models`) on a task from `cel_numpy.tasks`:
+                     "generate" tasks by greedy continuation (KV cache, ablation applied at every
+                     step) up to the first newline; "choice" tasks by the total log-probability of
+                     each candidate continuation.
+    TheoryEvaluator  the trained theory model on a `TheoryTask` (items are fixed samples of the
+                     theory world, stored as ordinary `Item`s); see `TheoryTask` for the score.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from cel_numpy.tasks.base import Item
+
+Head = tuple[int, int]  # (layer, head)
+Condition = tuple[Head, ...]  # sorted heads to ablate together; () = intact
+
+INTACT: Condition = ()
+
+
+@dataclass(frozen=True)
+class ExampleResult:
+    item_id: str
+    correct: bool
+    answer: str  # what the model answered (generated text up to newline, chosen candidate, or y_hat)
+
+
+def normalize_condition(heads) -> Condition:
+    """Any iterable of (layer, head) pairs -> sorted tuple of int pairs, duplicates an error."""
+    cond = tuple(sorted((int(l), int(h)) for l, h in heads))
+    if len(set(cond)) != len(cond):
+        raise ValueError(f"condition {cond} names a head twice")
+    return cond
+
+
+def condition_name(cond: Condition) -> str:
+    """() -> "intact"; ((3, 5), (7, 1)) -> "L3H5+L7H1" (greppable in the records)."""
+    return "+".join(f"L{l}H{h}" for l, h in cond) if cond else "intact"
+
+
+class Evaluator(Protocol):
+    n_layers: int
+    n_heads: int
+
+    def identity(self) -> dict:
+        """JSON-able description of exactly what is evaluated (model file hash, ablation kind...)."""
+        ...
+
+    def evaluate_many(self, items: Sequence[Item], conditions: Sequence[Condition]) -> list[list[ExampleResult]]:
+        ...
+
+
+def evaluate_naive(
+    evaluate_one: Callable[[Sequence[Item], Condition], list[ExampleResult]],
+    items: Sequence[Item],
+    conditions: Sequence[Condition],
+) -> list[list[ExampleResult]]:
+    """The reference semantics of `evaluate_many`: each condition evaluated on its own."""
+    out = []
+    for cond in conditions:
+        results = evaluate_one(items, normalize_condition(cond))
+        if [r.item_id for r in results] != [it.id for it in items]:
+            raise RuntimeError(f"evaluator returned results out of item order for {condition_name(cond)}")
+        out.append(results)
+    return out
+
+
+def _check_heads(cond: Condition, n_layers: int, n_heads: int) -> None:
+    for l, h in cond:
+        if not (0 <= l < n_layers and 0 <= h < n_heads):
+            raise ValueError(f"head L{l}H{h} outside the model's {n_layers} layers x {n_heads} heads")
+
+
+# =========================================================================== real language models
+
+
+class LMEvaluator:
+    """A `cel_numpy.models` model on a `cel_numpy.tasks` task (naive: one pass per condition).
+
+    model           a loaded `Model` (`cel_numpy.models.loaders.load_model(spec)`)
+    task            its `scoring` says how to get an answer; `is_correct` scores it
+    ablation        "zero" (the head's z set to 0) or "mean" (z replaced by its mean over every
+                    position of `reference_items`' prompts, intact model: `Model.mean_z`)
+    reference_items required for mean ablation (the routine passes the discovery panel)
+    batch_size      prompts per forward; results do not depend on it (left padding + mask)
+    spec, file_identity  recorded in `identity()` (the CLI passes the file's sha256 and size)
+    """
+
+    def __init__(self, model, task, *, ablation: str = "zero", reference_items=None, batch_size: int = 16,
+                 spec: str = "", file_identity: dict | None = None):
+        if ablation not in ("zero", "mean"):
+            raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
+        if ablation == "mean" and not reference_items:
+            raise ValueError("mean ablation needs reference_items (the prompts whose mean z replaces a head)")
+        self.model = model
+        self.task = task
+        self.ablation = ablation
+        self.batch_size = int(batch_size)
+        self.n_layers = int(model.config.n_layers)
+        self.n_heads = int(model.config.n_heads)
+        self.spec = spec
+        self.file_identity = dict(file_identity or {})
+        self.mean_z = None
+        self.reference_ids: list[str] = []
+        if ablation == "mean":
+            self.mean_z = model.mean_z([self._encode(it.prompt) for it in reference_items])  # (L, H, E)
+            self.reference_ids = [it.id for it in reference_items]
+
+    def identity(self) -> dict:
+        ident = {
+            "kind": "lm",
+            "spec": self.spec,
+            "source": getattr(self.model, "source", ""),
+            "family": getattr(self.model.config, "family", ""),
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "dtype": str(getattr(self.model, "dtype", "")),
+            "ablation": self.ablation,
+            **self.file_identity,
+        }
+        if self.ablation == "mean":
+            ident["mean_reference_sha256"] = hashlib.sha256("\n".join(self.reference_ids).encode()).hexdigest()
+        return ident
+
+    # ------------------------------------------------------------------ helpers
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.model.tokenizer.encode(text))  # adds BOS iff the tokenizer says so
+
+    def _ablate_kwargs(self, cond: Condition) -> dict:
+        return {"ablate": list(cond), "ablation": self.ablation, "mean_z": self.mean_z}
+
+    def evaluate_many(self, items, conditions):
+        return evaluate_naive(self.evaluate_condition, items, conditions)
+
+    def evaluate_condition(self, items: Sequence[Item], cond: Condition) -> list[ExampleResult]:
+        _check_heads(cond, self.n_layers, self.n_heads)
+        if self.task.scoring == "generate":
+            return self._generate(items, cond)
+        if self.task.scoring == "choice":
+            return self._choice(items, cond)
+        raise ValueError(f"task {self.task.name!r} has unknown scoring {self.task.scoring!r}")
+
+    def _generate(self, items, cond):
+        out = []
+        for start in range(0, len(items), self.batch_size):
+            chunk = items[start:start + self.batch_size]
+            prompts = [self._encode(it.prompt) for it in chunk]
+            new_ids = self.model.generate_ids(prompts, self.task.max_new_tokens, **self._ablate_kwargs(cond))
+            for it, ids in zip(chunk, new_ids):
+                text = self.model.tokenizer.decode(list(ids)).split("\n", 1)[0]
+                out.append(ExampleResult(it.id, bool(self.task.is_correct(it, text)), text))
+        return out
+
+    def continuation_ids(self, prompt: str, choice: str) -> tuple[list[int], int]:
+        """Token ids of prompt+choice, and where the scored continuation starts.
+
+        Tokenizer-aware: the text is encoded whole (so a merge across the prompt/choice boundary
+        happens as in real use), and the continuation is everything after the longest common
+        prefix with the prompt's own encoding. At least one token is always scored.
+        """
+        full = self._encode(prompt + choice)
+        alone = self._encode(prompt)
+        n = 0
+        while n < min(len(full), len(alone)) and full[n] == alone[n]:
+            n += 1
+        n = min(n, len(full) - 1)
+        return full, max(n, 1)
+
+    def _choice(self, items, cond):
+        rows = []  # (item index, choice index, ids, start)
+        for i, it in enumerate(items):
+            if not it.choices:
+                raise ValueError(f"choice task item {it.id} has no choices")
+            for j, ch in enumerate(it.choices):
+                ids, start = self.continuation_ids(it.prompt, ch)
+                rows.append((i, j, ids, start))
+        scores = np.full((len(items), max(len(it.choices) for it in items)), -np.inf)
+        for b in range(0, len(rows), self.batch_size):
+            chunk = rows[b:b + self.batch_size]
+            ids, mask = self.model.pad([r[2] for r in chunk])
+            logits = np.asarray(self.model.logits(ids, attention_mask=mask, **self._ablate_kwargs(cond)), dtype=np.float64)
+            T = ids.shape[1]
+            for k, (i, j, seq, start) in enumerate(chunk):
+                offset = T - len(seq)  # left padding
+                lg = logits[k, offset + start - 1: offset + len(seq) - 1]  # (n_cont, V) predicts seq[start:]
+                m = lg.max(axis=-1, keepdims=True)
+                logp = lg - m - np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
+                scores[i, j] = float(logp[np.arange(len(seq) - start), seq[start:]].sum())
+        out = []
+        for i, it in enumerate(items):
+            chosen = it.choices[int(np.argmax(scores[i, : len(it.choices)]))]
+            out.append(ExampleResult(it.id, bool(self.task.is_correct(it, chosen)), chosen))
+        return out
+
+
+# =========================================================================== theory world
+
+
+class TheoryTask:
+    """Task A or B of the theory world as a `Task`, so the routine runs on it unchanged.
+
+    Items are fixed samples of the theory data generator. `Item.prompt` is the sample itself,
+    JSON {"types": [N ints], "z": [N x m floats]} (floats written with Python's round-trip repr,
+    so decoding is exact); `Item.answer` is the target y, likewise exact; `Item.subtask` is "A"/"B".
+
+    Score (accuracy style): the model's answer is its prediction y_hat, and an example is
+    correct iff |y_hat - y| < tau, with tau = 1.0 by default. Why 1.0: with u = w_s.z_s and
+    r = w_c.z_c standard normal, the trained model predicts about u + delta r (delta = p_A - p_B
+    = -0.4), so on task A its error is (1 - delta) r, sd 1.4, and once the c-head is removed it
+    predicts about u with error r, sd 1. The tau that best separates these two (maximising
+    P(|r| < tau) - P(|1.4 r| < tau)) solves ln 1.4 = tau^2 (1 - 1/1.96) / 2, tau = 1.17; 1.0 is
+    the round number next to it, and "within one unit of a target whose sd is sqrt 2" is easy to
+    say. Expected accuracies: task A 0.52 intact -> 0.68 without the c-head; task B 0.90 -> 0.68.
+    """
+
+    scoring = "generate"
+    max_new_tokens = 1
+
+    def __init__(self, which: str, world, tau: float = 1.0):
+        from cel_numpy.theory.data import TASK_A, TASK_B
+
+        which = which.upper().removeprefix("THEORY-")
+        if which not in ("A", "B"):
+            raise ValueError(f"theory task must be 'A' or 'B', got {which!r}")
+        self.which = which
+        self.task_id = TASK_A if which == "A" else TASK_B
+        self.world = world
+        self.tau = float(tau)
+        self.name = f"theory-{which}"
+
+    def sample(self, rng: np.random.Generator, n: int) -> list[Item]:
+        from cel_numpy.theory.data import sample_batch
+
+        batch = sample_batch(rng, self.world, n, task=self.task_id)
+        return [
+            Item(
+                task=self.name,
+                subtask=self.which,
+                prompt=json.dumps({"types": batch.types[b].tolist(), "z": batch.z[b].tolist()}),
+                answer=repr(float(batch.y[b])),
+            )
+            for b in range(n)
+        ]
+
+    def is_correct(self, item: Item, output: str) -> bool:
+        return abs(float(output) - float(item.answer)) < self.tau
+
+
+def items_to_batch(items: Sequence[Item]):
+    """Decode `TheoryTask` items into a theory `Batch` (exact round trip)."""
+    from cel_numpy.theory.data import TASK_A, TASK_B, Batch
+
+    decoded = [json.loads(it.prompt) for it in items]
+    types = np.array([d["types"] for d in decoded], dtype=np.int64)  # (B, N)
+    z = np.array([d["z"] for d in decoded], dtype=np.float64)  # (B, N, m)
+    task = np.array([TASK_A if it.subtask == "A" else TASK_B for it in items])  # (B,)
+    y = np.array([float(it.answer) for it in items])  # (B,)
+    return Batch(types=types, z=z, task=task, y=y)
+
+
+class TheoryEvaluator:
+    """The theory model (one layer, H heads) under head ablations, scored by a `TheoryTask`.
+
+    Heads are addressed as (0, h). ablation "zero" sets head h's output o_h to 0 (the model's own
+    head_mask); "mean" replaces it by its mean over `reference_items`.
+    """
+
+    n_layers = 1
+
+    def __init__(self, params: dict, task: TheoryTask, *, ablation: str = "zero", reference_items=None,
+                 label: str = "theory"):
+        if ablation not in ("zero", "mean"):
+            raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
+        if ablation == "mean" and not reference_items:
+            raise ValueError("mean ablation needs reference_items")
+        self.params = {k: np.array(v, dtype=np.float64) for k, v in params.items()}
+        self.task = task
+        self.ablation = ablation
+        self.label = label
+        self.n_heads = int(self.params["K"].shape[0])
+        self.fill = np.zeros(self.n_heads)  # (H,) what an ablated head outputs
+        if ablation == "mean":
+            from cel_numpy.theory.model import theory_forward
+
+            _, cache = theory_forward(self.params, items_to_batch(reference_items))
+            self.fill = cache.head_outputs.mean(axis=0)  # (B, H) -> (H,)
+
+    def identity(self) -> dict:
+        digest = hashlib.sha256()
+        for k in sorted(self.params):
+            digest.update(k.encode())
+            digest.update(np.ascontiguousarray(self.params[k]).tobytes())
+        return {
+            "kind": "theory",
+            "spec": self.label,
+            "params_sha256": digest.hexdigest(),
+            "n_layers": 1,
+            "n_heads": self.n_heads,
+            "dtype": "float64",
+            "ablation": self.ablation,
+            "tau": self.task.tau,
+        }
+
+    def predict(self, items: Sequence[Item], cond: Condition) -> np.ndarray:
+        """y_hat (B,) with the heads of `cond` ablated."""
+        from cel_numpy.theory.model import theory_forward
+
+        _check_heads(cond, 1, self.n_heads)
+        keep = np.ones(self.n_heads)
+        for _, h in cond:
+            keep[h] = 0.0
+        if self.ablation == "zero":
+            y_hat, _ = theory_forward(self.params, items_to_batch(items), head_mask=keep)  # (B,)
+            return y_hat
+        _, cache = theory_forward(self.params, items_to_batch(items))
+        o = cache.head_outputs  # (B, H)
+        return (o * keep + self.fill * (1.0 - keep)).sum(axis=1)  # (B, H) -> (B,)
+
+    def evaluate_condition(self, items: Sequence[Item], cond: Condition) -> list[ExampleResult]:
+        y_hat = self.predict(items, cond)
+        out = []
+        for it, yh in zip(items, y_hat):
+            answer = repr(float(yh))
+            out.append(ExampleResult(it.id, bool(self.task.is_correct(it, answer)), answer))
+        return out
+
+    def evaluate_many(self, items, conditions):
+        return evaluate_naive(self.evaluate_condition, items, conditions)

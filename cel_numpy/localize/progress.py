@@ -1,0 +1,60 @@
+"""A tiny progress bar with ETA on stderr (no dependency).
+
+On a terminal it redraws one line in place; otherwise (a log file, CI) it prints a plain line
+about every 10% so logs stay short.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+def _fmt_seconds(s: float) -> str:
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
+
+
+class Progress:
+    def __init__(self, label: str, total: int, stream=None, enabled: bool = True, width: int = 24):
+        self.label = label
+        self.total = max(int(total), 0)
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = enabled and self.total > 0
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.width = width
+        self.done = 0
+        self.start = time.monotonic()
+        self.next_decile = 1
+
+    def line(self) -> str:
+        frac = self.done / self.total if self.total else 1.0
+        elapsed = time.monotonic() - self.start
+        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        filled = int(frac * self.width)
+        bar = "#" * filled + "-" * (self.width - filled)
+        eta_s = _fmt_seconds(eta) if eta == eta else "--:--"
+        return f"{self.label:<10} [{bar}] {self.done}/{self.total} {100 * frac:5.1f}%  {_fmt_seconds(elapsed)} elapsed, ETA {eta_s}"
+
+    def update(self, n: int = 1) -> None:
+        self.done = min(self.total, self.done + n)
+        if not self.enabled:
+            return
+        if self.tty:
+            self.stream.write("\r" + self.line())
+            if self.done == self.total:
+                self.stream.write("\n")
+            self.stream.flush()
+        else:
+            decile = self.done * 10 // self.total
+            if decile >= self.next_decile:
+                self.next_decile = decile + 1
+                self.stream.write(self.line() + "\n")
+                self.stream.flush()
+
+    def skip(self, n: int) -> None:
+        """Count work that was already on disk (resume) without it distorting the ETA."""
+        self.total = max(self.total - n, 0)
+        self.enabled = self.enabled and self.total > 0

@@ -1,0 +1,370 @@
+"""The two-stage localization routine (DESIGN.md section 5) over a resumable run directory.
+
+    baseline   intact model twice on the discovery panel; the two passes must agree exactly
+    screen     every head ablated alone, against the baseline; ranked; top 10 nominees
+    joint      all pairs and triples of the nominees (165 new + 10 singletons reused = 175),
+               ranked with fewer heads first on ties; top 10 finalists frozen in finalists.json
+    confirm    finalists re-run on discovery against a fresh intact comparator (no reselection)
+    heldout    finalists on the disjoint held-out panel, with exact McNemar and a 95% interval
+    crosstask  finalists on a panel of every other task: does the gain cost elsewhere?
+    report     report.json, report.md and figures
+
+`localize(...)` runs up to and including `until`, reusing (after validation) what is on disk;
+see `cel_numpy.localize.rundir` for the files and the resume rules.
+
+Models enter only through `make_evaluator(task, reference_items) -> Evaluator`
+(`cel_numpy.localize.evaluate`); `reference_items` is the discovery panel (used by mean ablation,
+so every task sees the same intervention).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import zlib
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Callable, Sequence
+
+
+from cel_numpy.cli import UserError
+from cel_numpy.localize import rundir as rd
+from cel_numpy.localize.evaluate import INTACT, Condition, ExampleResult, condition_name, normalize_condition
+from cel_numpy.localize.progress import Progress
+from cel_numpy.localize.ranking import (
+    N_FINALISTS,
+    N_NOMINEES,
+    Scored,
+    all_heads,
+    joint_enumeration,
+    nominees,
+    rank_joint,
+    rank_singletons,
+)
+from cel_numpy.localize.stats import paired_summary
+from cel_numpy.tasks.base import Item
+
+STAGES = ("baseline", "screen", "joint", "confirm", "heldout", "crosstask", "report")
+
+
+def cel_numpy_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("cel-numpy")
+    except Exception:  # not installed (running from a checkout)
+        return "unknown"
+
+
+def build_panels(task, n_discovery: int, n_heldout: int, seed: int) -> tuple[list[Item], list[Item]]:
+    """Disjoint discovery and held-out panels of distinct items (`cel_numpy.tasks.make_panels`)."""
+    from cel_numpy.tasks.panels import make_panels
+
+    try:
+        return make_panels(task, n_discovery, n_heldout, seed)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def cross_seed(seed: int, task_name: str) -> int:
+    """The panel seed of a cross task: distinct per task, a pure function of (seed, name)."""
+    return (int(seed) << 32) ^ zlib.crc32(task_name.encode())
+
+
+def cross_panel(task, n: int, seed: int) -> list[Item]:
+    """The panel a cross task is evaluated on: the first panel of make_panels(task, n, 1, cross_seed)."""
+    return build_panels(task, n, 1, cross_seed(seed, task.name))[0]
+
+
+def _roundtrip(obj):
+    return json.loads(json.dumps(obj))
+
+
+def _scored(cond: Condition, comparator: list[ExampleResult], results: list[ExampleResult]) -> dict:
+    s = paired_summary([r.correct for r in comparator], [r.correct for r in results])
+    return {"name": condition_name(cond), "heads": [list(h) for h in cond], **s.to_dict()}
+
+
+def _as_scored(d: dict) -> Scored:
+    return Scored(normalize_condition(d["heads"]), d["correct"], d["rescued"], d["damaged"])
+
+
+class Localizer:
+    """One run of the routine in one run directory (see the module docstring)."""
+
+    def __init__(self, out, make_evaluator: Callable, task, *, n_discovery: int, n_heldout: int, seed: int = 0,
+                 cross_tasks: Sequence = (), executor: Executor | None = None, chunk_size: int = 8,
+                 progress: bool = True, command: str | None = None, n_nominees: int = N_NOMINEES,
+                 n_finalists: int = N_FINALISTS, stream=None):
+        if n_discovery < 1 or n_heldout < 1:
+            raise UserError(f"--discovery and --heldout must be >= 1 (got {n_discovery}, {n_heldout})")
+        self.out = rd.prepare_out(Path(out))
+        self.make_evaluator = make_evaluator
+        self.task = task
+        self.cross_tasks = [t for t in cross_tasks if t.name != task.name]
+        self.n_discovery, self.n_heldout, self.seed = int(n_discovery), int(n_heldout), int(seed)
+        self.executor = executor
+        self.chunk_size = max(1, int(chunk_size))
+        self.progress = progress
+        self.stream = stream if stream is not None else sys.stderr
+        self.command = command if command is not None else " ".join(sys.argv)
+        self.n_nominees, self.n_finalists = int(n_nominees), int(n_finalists)
+        self.results: dict[str, dict] = {}  # stage -> summary
+
+    # ------------------------------------------------------------------ setup
+
+    def _say(self, msg: str) -> None:
+        if self.progress:
+            print(msg, file=self.stream, flush=True)
+
+    def _setup(self) -> None:
+        discovery, heldout = build_panels(self.task, self.n_discovery, self.n_heldout, self.seed)
+        self.panels = {"discovery": discovery, "heldout": heldout}
+        for t in self.cross_tasks:
+            self.panels[f"cross-{t.name}"] = cross_panel(t, self.n_heldout, self.seed)
+        if {it.id for it in discovery} & {it.id for it in heldout}:
+            raise RuntimeError("discovery and held-out panels share an item")  # build_panels guarantees not
+        self.evaluators = {"discovery": self.make_evaluator(self.task, discovery)}
+        self.evaluators["heldout"] = self.evaluators["discovery"]
+        ev = self.evaluators["discovery"]
+        self.n_layers, self.n_heads = int(ev.n_layers), int(ev.n_heads)
+        manifest = {
+            "format": rd.FORMAT,
+            "model": ev.identity(),
+            "task": {"name": self.task.name, "scoring": self.task.scoring,
+                     "max_new_tokens": getattr(self.task, "max_new_tokens", None)},
+            "seed": self.seed,
+            "panel_sizes": {name: len(items) for name, items in self.panels.items()},
+            "panel_hashes": {name: rd.items_hash(items) for name, items in self.panels.items()},
+            "cross_tasks": [t.name for t in self.cross_tasks],
+            "n_nominees": self.n_nominees,
+            "n_finalists": self.n_finalists,
+            "cel_numpy_version": cel_numpy_version(),
+            "command": self.command,
+        }
+        self.manifest = rd.check_or_write_manifest(self.out, manifest)
+        for name, items in self.panels.items():
+            path = self.out / "panels" / f"{name}.jsonl"
+            if path.exists():
+                if rd.items_hash(rd.read_panel(path)) != self.manifest["panel_hashes"][name]:
+                    raise rd.RunDirError(f"{path} does not match manifest.json; use a fresh --out")
+            else:
+                rd.write_panel(path, items)
+
+    def _evaluator_for(self, panel: str):
+        if panel not in self.evaluators:
+            task = next(t for t in self.cross_tasks if f"cross-{t.name}" == panel)
+            self.evaluators[panel] = self.make_evaluator(task, self.panels["discovery"])
+        return self.evaluators[panel]
+
+    # ------------------------------------------------------------------ one resumable stage
+
+    def _run_stage(self, stage: str, plan: list[rd.Block], depends: dict[str, str], summarize: Callable,
+                   label: str | None = None):
+        """Evaluate `plan` (or validate what is on disk), write the done-file, return (blocks, summary)."""
+        records, done = rd.stage_paths(self.out, stage)
+        if done.exists():
+            blocks, info = rd.validate_done(self.out, stage, plan, self.panels, self.manifest, depends)
+            summary = summarize(blocks)
+            if info.get("summary") != _roundtrip(summary):
+                raise rd.RunDirError(f"{done}: summary does not match its records; {rd._fresh_hint(stage)}")
+            self._say(f"{stage:<10} done earlier: validated {records.name} ({info['n_records']} records)")
+            return blocks, summary
+        blocks: list[list[ExampleResult]] = []
+        if records.exists():
+            blocks, good_bytes, dropped = rd.read_blocks(records, plan, self.panels, stage, complete=False)
+            with open(records, "r+b") as fh:
+                fh.truncate(good_bytes)
+            self._say(f"{stage:<10} resuming after {len(blocks)} of {len(plan)} conditions"
+                      + (f" (dropped {dropped} lines of an incomplete block)" if dropped else ""))
+        remaining = plan[len(blocks):]
+        chunks: list[list[rd.Block]] = []
+        for block in remaining:
+            if chunks and chunks[-1][0].panel == block.panel and len(chunks[-1]) < self.chunk_size:
+                chunks[-1].append(block)
+            else:
+                chunks.append([block])
+        bar = Progress(label or stage, len(remaining), stream=self.stream, enabled=self.progress and label is not None)
+
+        def compute(chunk):
+            items = self.panels[chunk[0].panel]
+            return self._evaluator_for(chunk[0].panel).evaluate_many(items, [b.condition for b in chunk])
+
+        if self.executor is not None:
+            for chunk in chunks:  # evaluators are created here, before any worker needs them
+                self._evaluator_for(chunk[0].panel)
+            futures = [self.executor.submit(compute, chunk) for chunk in chunks]
+            results_iter = (f.result() for f in futures)
+        else:
+            results_iter = (compute(chunk) for chunk in chunks)
+        with open(records, "ab") as fh:
+            for chunk, results in zip(chunks, results_iter):
+                if len(results) != len(chunk):
+                    raise RuntimeError(f"evaluator returned {len(results)} result lists for {len(chunk)} conditions")
+                text = []
+                for block, res in zip(chunk, results):
+                    ids = [it.id for it in self.panels[block.panel]]
+                    if [r.item_id for r in res] != ids:
+                        raise RuntimeError(f"evaluator results for {block.name} are not in panel order")
+                    text.extend(rd.record_line(block, r) for r in res)
+                    blocks.append(res)
+                fh.write("".join(text).encode())
+                fh.flush()
+                os.fsync(fh.fileno())
+                bar.update(len(chunk))
+        summary = summarize(blocks)
+        rd.write_done(self.out, stage, sum(len(b) for b in blocks), len(plan), self.manifest, depends, summary)
+        return blocks, summary
+
+    # ------------------------------------------------------------------ the stages
+
+    def baseline(self):
+        plan = [rd.Block("intact#1", "discovery", INTACT), rd.Block("intact#2", "discovery", INTACT)]
+        items = self.panels["discovery"]
+
+        def summarize(blocks):
+            first, second = blocks
+            diffs = [(it.id, a, b) for it, a, b in zip(items, first, second) if a != b]
+            if diffs:
+                item, a, b = diffs[0]
+                raise UserError(
+                    f"baseline: the two intact passes disagree on {len(diffs)} of {len(items)} discovery examples "
+                    f"(first: item {item}: {a.answer!r}/{a.correct} vs {b.answer!r}/{b.correct}); evaluation must be "
+                    "deterministic"
+                )
+            return {"n": len(items), "correct": sum(r.correct for r in first), "agree": True}
+
+        old_chunk, self.chunk_size = self.chunk_size, 1  # two separate evaluations, never shared
+        try:
+            blocks, summary = self._run_stage("baseline", plan, {}, summarize)
+        finally:
+            self.chunk_size = old_chunk
+        self.intact = blocks[0]
+        self._say(f"baseline   intact {summary['correct']}/{summary['n']} correct on discovery (two passes agree)")
+        return summary
+
+    def screen(self):
+        heads = all_heads(self.n_layers, self.n_heads)
+        plan = [rd.Block(condition_name(((l, h),)), "discovery", ((l, h),)) for l, h in heads]
+        n_nom = min(self.n_nominees, len(heads))
+
+        def summarize(blocks):
+            conds = [_scored(b.condition, self.intact, res) for b, res in zip(plan, blocks)]
+            ranked = rank_singletons([_as_scored(c) for c in conds])
+            return {
+                "conditions": conds,
+                "ranking": [condition_name(s.heads) for s in ranked],
+                "nominees": [list(h) for h in nominees(ranked, n_nom)],
+                "n_heads_total": len(heads),
+                "note": ("" if len(heads) >= self.n_nominees else
+                         f"the model has only {len(heads)} heads (< {self.n_nominees}): all of them are nominees"),
+            }
+
+        _, summary = self._run_stage("screen", plan, {"baseline": rd.records_sha(self.out, "baseline")}, summarize,
+                                     label="screen")
+        self.nominees = [tuple(h) for h in summary["nominees"]]
+        return summary
+
+    def joint(self):
+        screen = self.results["screen"]
+        singles, new = joint_enumeration(self.nominees)
+        plan = [rd.Block(condition_name(c), "discovery", c) for c in new]
+        by_name = {c["name"]: c for c in screen["conditions"]}
+        reused = [by_name[condition_name(c)] for c in singles]
+
+        def summarize(blocks):
+            conds = [_scored(b.condition, self.intact, res) for b, res in zip(plan, blocks)]
+            ranked = rank_joint([_as_scored(c) for c in reused + conds])
+            finalists = ranked[: self.n_finalists]
+            return {
+                "conditions": conds,
+                "n_candidates": len(reused) + len(conds),
+                "ranking": [condition_name(s.heads) for s in ranked],
+                "finalists": [[list(h) for h in s.heads] for s in finalists],
+            }
+
+        depends = {"baseline": rd.records_sha(self.out, "baseline"), "screen": rd.records_sha(self.out, "screen")}
+        _, summary = self._run_stage("joint", plan, depends, summarize, label="joint")
+        frozen = {"finalists": summary["finalists"], "names": summary["ranking"][: self.n_finalists],
+                  "joint_sha256": rd.records_sha(self.out, "joint")}
+        path = self.out / "finalists.json"
+        if path.exists():
+            try:
+                on_disk = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                on_disk = None
+            if on_disk != frozen:
+                raise rd.RunDirError(f"{path} does not match the joint search records; {rd._fresh_hint('joint')}")
+        else:
+            rd.json_dump(path, frozen)
+        self.finalists = [normalize_condition(f) for f in summary["finalists"]]
+        return summary
+
+    def _finalist_stage(self, stage: str, panels: list[tuple[str, str]], depends_on: Sequence[str]):
+        """Intact + every finalist on each (block-name prefix, panel); paired summaries against that intact."""
+        plan, groups = [], []
+        for prefix, panel in panels:
+            names = [f"{prefix}intact"] + [f"{prefix}{condition_name(f)}" for f in self.finalists]
+            conds = [INTACT] + list(self.finalists)
+            group = [rd.Block(n, panel, c) for n, c in zip(names, conds)]
+            groups.append((prefix, panel, group))
+            plan.extend(group)
+
+        def summarize(blocks):
+            out, i = {}, 0
+            for prefix, panel, group in groups:
+                res = blocks[i: i + len(group)]
+                i += len(group)
+                intact = res[0]
+                out[panel] = {
+                    "n": len(intact),
+                    "intact_correct": sum(r.correct for r in intact),
+                    "finalists": [{"rank": k + 1, **_scored(b.condition, intact, r)}
+                                  for k, (b, r) in enumerate(zip(group[1:], res[1:]))],
+                }
+            return out
+
+        depends = {s: rd.records_sha(self.out, s) for s in depends_on}
+        blocks, summary = self._run_stage(stage, plan, depends, summarize, label=stage)
+        return blocks, summary
+
+    def confirm(self):
+        blocks, summary = self._finalist_stage("confirm", [("", "discovery")], ["baseline", "joint"])
+        agrees = [a == b for a, b in zip(blocks[0], self.intact)] if blocks else []
+        summary["discovery"]["intact_matches_baseline"] = all(agrees)
+        return summary
+
+    def heldout(self):
+        _, summary = self._finalist_stage("heldout", [("", "heldout")], ["joint"])
+        return summary
+
+    def crosstask(self):
+        pairs = [(f"{t.name}:", f"cross-{t.name}") for t in self.cross_tasks]
+        _, summary = self._finalist_stage("crosstask", pairs, ["joint"])
+        return summary
+
+    def report(self):
+        from cel_numpy.localize.report import write_report
+
+        return write_report(self)
+
+    # ------------------------------------------------------------------ driver
+
+    def run(self, until: str = "report") -> dict:
+        """Run (or validate) every stage up to and including `until`; returns {stage: summary}."""
+        if until not in STAGES:
+            raise UserError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
+        with rd.Lock(self.out):
+            self._setup()
+            for stage in STAGES[: STAGES.index(until) + 1]:
+                self.results[stage] = getattr(self, stage)()
+        return self.results
+
+
+def localize(out, make_evaluator: Callable, task, *, n_discovery: int, n_heldout: int, seed: int = 0,
+             cross_tasks: Sequence = (), until: str = "report", **kwargs) -> dict:
+    """Run the routine into `out` up to `until`; returns {stage: summary} (see `Localizer`)."""
+    loc = Localizer(out, make_evaluator, task, n_discovery=n_discovery, n_heldout=n_heldout, seed=seed,
+                    cross_tasks=cross_tasks, **kwargs)
+    return loc.run(until)

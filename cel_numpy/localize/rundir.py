@@ -1,0 +1,349 @@
+"""The run directory: manifest, panels, one records file per stage, done-files, and a lock.
+
+Layout (one run = one (model, task) = one directory):
+
+    manifest.json            what this run is (model identity, task, seed, panel sizes and hashes,
+                             ablation, cross tasks, cel-numpy version, command line)
+    lock                     present while a process writes here: "pid host started"
+    panels/discovery.jsonl   one Item per line, with its content-hash id
+    panels/heldout.jsonl
+    panels/cross-<task>.jsonl
+    <stage>.jsonl            one line per (condition, example), see `record_line`
+    <stage>.done.json        written last: line count, sha256 of <stage>.jsonl, sha256 of the
+                             records of the stages it depends on, the stage's per-condition summary
+    finalists.json           the frozen top-10 of the joint search (written before confirmation)
+    report.json, report.md, *.png
+
+A record (one JSON object per line, keys in this order, so `grep '"block": "L3H5"'` works):
+
+    {"block": "L3H5", "panel": "discovery", "heads": [[3, 5]], "item": "<id>",
+     "correct": true, "answer": " 124"}
+
+`block` names a group of lines evaluated together (a condition; "intact#1"/"intact#2" in the
+baseline; "<task>:<condition>" in the cross-task stage).
+
+Resume rules
+    * a stage with a done-file is validated: the records' sha256 and line count, the
+      dependencies' hashes and the manifest must match, and the records must be exactly the
+      blocks the stage would compute now. Any mismatch is an error naming the file; nothing is
+      silently redone. Use a fresh --out, or delete that stage's two files (and later stages).
+    * a stage without a done-file resumes from its partial records: complete blocks that
+      validate are kept, an incomplete trailing block (a crash mid-stage) is dropped and
+      recomputed, and any malformed or mismatched line is an error (as above). Each block is
+      written with one write + fsync, so only a crash inside that write leaves a torn last line.
+
+Lock: `lock` is created with O_EXCL. If a run was killed hard (SIGKILL, power loss) the lock
+stays; the error message says whether its pid is still alive on this host. A stale lock is
+cleared by deleting the file (`rm DIR/lock`) after checking no process still writes there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from cel_numpy.cli import UserError
+from cel_numpy.localize.evaluate import Condition, ExampleResult, normalize_condition
+from cel_numpy.tasks.base import Item
+
+FORMAT = "cel-numpy.localize/1"
+
+
+class RunDirError(UserError):
+    """Something in the run directory does not validate (one line; names the file)."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def items_hash(items: Sequence[Item]) -> str:
+    """sha256 of the panel's item ids in order (ids are content hashes, so this pins the content)."""
+    return hashlib.sha256("\n".join(it.id for it in items).encode()).hexdigest()
+
+
+def json_dump(path: Path, obj) -> None:
+    """Write JSON atomically (temp file + rename), so a crash never leaves half a done-file."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=1, sort_keys=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- directory and lock
+
+
+def prepare_out(out: Path) -> Path:
+    """Create --out if needed and prove it writable, before any work (one-line error if not)."""
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise RunDirError(f"cannot write to --out {out}: {err.strerror or err}") from None
+    if not out.is_dir():
+        raise RunDirError(f"--out {out} is not a directory")
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Lock:
+    """`with Lock(run_dir):` one writer at a time (O_EXCL file holding pid and host)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / "lock"
+        self.held = False
+
+    def __enter__(self):
+        text = f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            raise RunDirError(self._held_message()) from None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        self.held = True
+        return self
+
+    def _held_message(self) -> str:
+        try:
+            pid_s, host, *_ = self.path.read_text().split()
+            pid = int(pid_s)
+        except (OSError, ValueError):
+            return f"{self.path} exists (unreadable): another run may be writing here; if none is, delete it"
+        if host == socket.gethostname() and not _pid_alive(pid):
+            return f"stale lock {self.path} (pid {pid} on {host} is not running): delete it and rerun"
+        return f"{self.path} is held by pid {pid} on {host}: another run is writing here (if it is gone, delete the lock)"
+
+    def __exit__(self, *exc):
+        if self.held:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            self.held = False
+        return False
+
+
+# --------------------------------------------------------------------------- manifest
+
+# Fields that must be identical for a resumed run to reuse anything.
+MANIFEST_KEYS = ("format", "model", "task", "seed", "panel_sizes", "panel_hashes", "cross_tasks",
+                 "n_nominees", "n_finalists")
+
+
+def manifest_key(manifest: dict) -> str:
+    return hashlib.sha256(json.dumps({k: manifest.get(k) for k in MANIFEST_KEYS}, sort_keys=True).encode()).hexdigest()
+
+
+def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
+    """Write manifest.json, or check that an existing one describes the same run."""
+    path = Path(run_dir) / "manifest.json"
+    if not path.exists():
+        json_dump(path, manifest)
+        return manifest
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise RunDirError(f"{path} is unreadable ({err}); use a fresh --out") from None
+    for key in MANIFEST_KEYS:
+        if old.get(key) != manifest.get(key):
+            raise RunDirError(
+                f"{path} describes a different run ({key}: {_short(old.get(key))} there, {_short(manifest.get(key))} now); "
+                "use a fresh --out"
+            )
+    return old
+
+
+def _short(value) -> str:
+    s = json.dumps(value, sort_keys=True)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+# --------------------------------------------------------------------------- panels
+
+
+def item_to_json(item: Item) -> dict:
+    return {"id": item.id, "task": item.task, "subtask": item.subtask, "prompt": item.prompt,
+            "answer": item.answer, "choices": list(item.choices)}
+
+
+def write_panel(path: Path, items: Sequence[Item]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as fh:
+        for it in items:
+            fh.write(json.dumps(item_to_json(it)) + "\n")
+    os.replace(tmp, path)
+
+
+def read_panel(path: Path) -> list[Item]:
+    """Read a panel, checking every stored id against the content hash of its fields."""
+    items = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as err:
+        raise RunDirError(f"cannot read panel {path}: {err.strerror or err}") from None
+    for n, line in enumerate(lines, 1):
+        try:
+            d = json.loads(line)
+            it = Item(task=d["task"], subtask=d["subtask"], prompt=d["prompt"], answer=d["answer"],
+                      choices=tuple(d["choices"]))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise RunDirError(f"{path}:{n}: malformed panel line; use a fresh --out") from None
+        if it.id != d.get("id"):
+            raise RunDirError(f"{path}:{n}: item id does not match its content (edited?); use a fresh --out")
+        items.append(it)
+    return items
+
+
+# --------------------------------------------------------------------------- stage records
+
+
+@dataclass(frozen=True)
+class Block:
+    """One condition evaluated on one panel: the unit of writing, resuming and summarising."""
+
+    name: str  # unique within the stage, e.g. "L3H5", "intact#1", "theory-B:L0H1"
+    panel: str  # "discovery" | "heldout" | "cross-<task>"
+    condition: Condition
+
+
+def record_line(block: Block, result: ExampleResult) -> str:
+    return json.dumps({
+        "block": block.name,
+        "panel": block.panel,
+        "heads": [list(h) for h in block.condition],
+        "item": result.item_id,
+        "correct": bool(result.correct),
+        "answer": result.answer,
+    }) + "\n"
+
+
+def stage_paths(run_dir: Path, stage: str) -> tuple[Path, Path]:
+    return Path(run_dir) / f"{stage}.jsonl", Path(run_dir) / f"{stage}.done.json"
+
+
+def _fresh_hint(stage: str) -> str:
+    return f"use a fresh --out, or delete {stage}.jsonl and {stage}.done.json (and every later stage) to redo it"
+
+
+def read_blocks(path: Path, plan: Sequence[Block], panels: dict[str, list[Item]], stage: str,
+                complete: bool) -> tuple[list[list[ExampleResult]], int, int]:
+    """Parse `path` against `plan`: (results of the complete blocks, their byte length, lines dropped).
+
+    Every complete line must be a well-formed record of the next planned (block, item).
+    complete=True (a finished stage): every planned block must be there and nothing else.
+    complete=False (a partial stage): a torn last line and an incomplete last block are dropped.
+    """
+    data = Path(path).read_bytes() if Path(path).exists() else b""
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" if the file ends with a newline
+    if torn and complete:
+        raise RunDirError(f"{path}: last line is cut short; {_fresh_hint(stage)}")
+    blocks: list[list[ExampleResult]] = []
+    current: list[ExampleResult] = []
+    good_bytes, pos = 0, 0
+    n_lines = 0
+    for n, raw in enumerate(lines, 1):
+        pos += len(raw) + 1
+        bi = len(blocks)
+        if bi >= len(plan):
+            raise RunDirError(f"{path}:{n}: more records than the stage plans; {_fresh_hint(stage)}")
+        block = plan[bi]
+        items = panels[block.panel]
+        try:
+            d = json.loads(raw)
+            ok = (list(d) == ["block", "panel", "heads", "item", "correct", "answer"]
+                  and isinstance(d["correct"], bool) and isinstance(d["answer"], str))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            raise RunDirError(f"{path}:{n}: malformed record; {_fresh_hint(stage)}")
+        expected_item = items[len(current)].id
+        heads = normalize_condition(d["heads"]) if isinstance(d["heads"], list) else None
+        if d["block"] != block.name or d["panel"] != block.panel or heads != block.condition or d["item"] != expected_item:
+            raise RunDirError(
+                f"{path}:{n}: record does not match the plan (expected block {block.name} item {expected_item}, "
+                f"found block {d['block']} item {d['item']}); {_fresh_hint(stage)}"
+            )
+        current.append(ExampleResult(d["item"], d["correct"], d["answer"]))
+        n_lines += 1
+        if len(current) == len(items):
+            blocks.append(current)
+            current = []
+            good_bytes = pos
+    dropped = len(current) + (1 if torn else 0)
+    if complete and (len(blocks) != len(plan) or current):
+        raise RunDirError(f"{path}: {len(blocks)} complete blocks, the stage plans {len(plan)}; {_fresh_hint(stage)}")
+    return blocks, good_bytes, dropped
+
+
+def validate_done(run_dir: Path, stage: str, plan: Sequence[Block], panels: dict[str, list[Item]],
+                  manifest: dict, depends: dict[str, str]) -> tuple[list[list[ExampleResult]], dict]:
+    """Check a finished stage against its done-file, the manifest and the plan; return its results."""
+    records, done = stage_paths(run_dir, stage)
+    try:
+        info = json.loads(done.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise RunDirError(f"{done} is unreadable ({err}); {_fresh_hint(stage)}") from None
+    if not records.exists():
+        raise RunDirError(f"{records} is missing but {done.name} exists; {_fresh_hint(stage)}")
+    if info.get("manifest_key") != manifest_key(manifest):
+        raise RunDirError(f"{done} belongs to a different manifest; {_fresh_hint(stage)}")
+    if info.get("sha256") != sha256_file(records):
+        raise RunDirError(f"{records} does not match {done.name} (sha256 differs: edited or corrupted); {_fresh_hint(stage)}")
+    if info.get("depends") != depends:
+        raise RunDirError(f"{done} was computed from different earlier stages; {_fresh_hint(stage)}")
+    blocks, _, _ = read_blocks(records, plan, panels, stage, complete=True)
+    n_lines = sum(len(b) for b in blocks)
+    if info.get("n_records") != n_lines or info.get("n_blocks") != len(plan):
+        raise RunDirError(f"{done}: counts do not match {records.name}; {_fresh_hint(stage)}")
+    return blocks, info
+
+
+def write_done(run_dir: Path, stage: str, n_records: int, n_blocks: int, manifest: dict,
+               depends: dict[str, str], summary) -> dict:
+    records, done = stage_paths(run_dir, stage)
+    info = {
+        "stage": stage,
+        "records": records.name,
+        "n_records": n_records,
+        "n_blocks": n_blocks,
+        "sha256": sha256_file(records),
+        "manifest_key": manifest_key(manifest),
+        "depends": depends,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "summary": summary,
+    }
+    json_dump(done, info)
+    return info
+
+
+def records_sha(run_dir: Path, stage: str) -> str:
+    """sha256 of a finished stage's records, as its done-file states (used in `depends`)."""
+    return json.loads(stage_paths(run_dir, stage)[1].read_text())["sha256"]
