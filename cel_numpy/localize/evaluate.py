@@ -300,6 +300,7 @@ class TheoryEvaluator:
         self.label = label
         self.n_heads = int(self.params["K"].shape[0])
         self.fill = np.zeros(self.n_heads)  # (H,) what an ablated head outputs
+        self._decoded: tuple[tuple[str, ...], object] = ((), None)  # last panel decoded (ids, Batch)
         if ablation == "mean":
             from cel_numpy.theory.model import theory_forward
 
@@ -322,6 +323,12 @@ class TheoryEvaluator:
             "tau": self.task.tau,
         }
 
+    def _batch(self, items: Sequence[Item]):
+        ids = tuple(it.id for it in items)
+        if self._decoded[0] != ids:
+            self._decoded = (ids, items_to_batch(items))
+        return self._decoded[1]
+
     def predict(self, items: Sequence[Item], cond: Condition) -> np.ndarray:
         """y_hat (B,) with the heads of `cond` ablated."""
         from cel_numpy.theory.model import theory_forward
@@ -331,9 +338,9 @@ class TheoryEvaluator:
         for _, h in cond:
             keep[h] = 0.0
         if self.ablation == "zero":
-            y_hat, _ = theory_forward(self.params, items_to_batch(items), head_mask=keep)  # (B,)
+            y_hat, _ = theory_forward(self.params, self._batch(items), head_mask=keep)  # (B,)
             return y_hat
-        _, cache = theory_forward(self.params, items_to_batch(items))
+        _, cache = theory_forward(self.params, self._batch(items))
         o = cache.head_outputs  # (B, H)
         return (o * keep + self.fill * (1.0 - keep)).sum(axis=1)  # (B, H) -> (B,)
 

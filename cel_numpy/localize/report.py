@@ -200,7 +200,8 @@ def render_markdown(report: dict) -> str:
     lines += ["## Finalists (frozen before confirmation, discovery order)", "", head,
               "|" + "---|" * (6 + len(cross))]
     for f in report["finalists"]:
-        row = (f"| {f['rank']} | {f['name']} | {f['discovery']['gain']:+d} | {f['confirm']['gain']:+d} | "
+        row = (f"| {f['rank']} | {f['name']} | {f['discovery']['gain']:+d} ({f['discovery']['gain_rate']:+.3f}) | "
+               f"{f['confirm']['gain']:+d} | "
                f"{_fmt_gain(f['heldout'])} | {_fmt_p(f['heldout']['p_value'])} | ")
         row += " | ".join(_fmt_gain(f["crosstask"][c]) for c in cross) + (" |" if cross else "")
         lines.append(row)
