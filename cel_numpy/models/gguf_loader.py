@@ -26,13 +26,32 @@ SUPPORTED_ARCHITECTURES = ("llama",)
 CHUNK_ELEMENTS = 1 << 20  # dequantize ~1M weights (4 MB of float32) at a time
 
 
-def open_gguf(path: Path):
-    """A gguf.GGUFReader, or a one-line UserError for a damaged or truncated file."""
+def _reader_class():
+    """gguf.GGUFReader, reading its header through a plain ndarray view of the file mapping.
+
+    GGUFReader slices an np.memmap once per metadata item (~250k slices for a 49k-token
+    vocabulary) and the memmap subclass's per-slice bookkeeping dominates: a plain ndarray
+    view of the same mapping (no copy) opens the SmolLM2 file ~2.5x faster.
+    """
     from gguf import GGUFReader
 
+    class FastGGUFReader(GGUFReader):
+        @property
+        def data(self):
+            return self._data
+
+        @data.setter
+        def data(self, value):
+            self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+    return FastGGUFReader
+
+
+def open_gguf(path: Path):
+    """A gguf.GGUFReader, or a one-line UserError for a damaged or truncated file."""
     hint = "the file may be truncated or damaged: delete it and download it again (cel-numpy fetch smollm2)"
     try:
-        reader = GGUFReader(str(path))
+        reader = _reader_class()(str(path))
     except Exception as err:
         raise UserError(f"{path}: unreadable GGUF file ({type(err).__name__}: {err}); {hint}") from None
     size = os.path.getsize(path)
@@ -46,6 +65,11 @@ def _field(reader, key: str, default=KeyError):
     from cel_numpy.models.tokenizer import gguf_field
 
     return gguf_field(reader, key, default)
+
+
+def _float32_field(value) -> float:
+    """GGUF stores these as float32: 1e-5 reads back as 9.99999975e-06; keep the short decimal."""
+    return float(str(np.float32(value)))
 
 
 def read_gguf_config(reader, path: Path) -> ModelConfig:
@@ -76,8 +100,8 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
             d_mlp=int(_field(reader, f"{arch}.feed_forward_length")),
             vocab_size=int(tensors["token_embd.weight"].shape[1]),  # ne = (D, V)
             n_ctx=int(_field(reader, f"{arch}.context_length", 2048)),
-            norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
-            rope_base=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
+            norm_eps=_float32_field(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
+            rope_base=_float32_field(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
             tied_embeddings="output.weight" not in tensors,
             attn_bias="blk.0.attn_q.bias" in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,

@@ -1,0 +1,167 @@
+"""`cel-numpy fetch | inspect | generate`: the real-model subcommands.
+
+    cel-numpy fetch smollm2
+    cel-numpy inspect --model smollm2
+    cel-numpy generate --model smollm2 "The capital of France is" --ablate 3.1,5.0 --ablation zero
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from cel_numpy.cli import UserError
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("fetch", help="download a known model or vocabulary into the cache")
+    p.add_argument("name", help="known name, e.g. smollm2 or gpt2-tokenizer")
+    p.set_defaults(func=cmd_fetch)
+
+    p = subparsers.add_parser("inspect", help="describe a model: family, sizes, dtype, parameters, file")
+    p.add_argument("--model", default="smollm2", help="known name, HF folder, .gguf or .npz (default: smollm2)")
+    p.set_defaults(func=cmd_inspect)
+
+    p = subparsers.add_parser("generate", help="greedy generation, top-k next tokens, optional head ablation")
+    p.add_argument("prompt", help="text prompt")
+    p.add_argument("--model", default="smollm2", help="known name, HF folder, .gguf or .npz (default: smollm2)")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--top-k", type=int, default=5, help="show this many next-token candidates")
+    p.add_argument("--ablate", default="", help="heads to ablate as LAYER.HEAD,LAYER.HEAD (0-based), e.g. 3.1,5.0")
+    p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
+    p.add_argument(
+        "--reference",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="reference text for mean ablation (repeatable); default: the prompt itself",
+    )
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.set_defaults(func=cmd_generate)
+
+
+def parse_heads(spec: str) -> list[tuple[int, int]]:
+    """'3.1,5.0' -> [(3, 1), (5, 0)]; '' -> []."""
+    heads = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise UserError(f"--ablate: {item!r} is not LAYER.HEAD (e.g. 3.1)")
+        heads.append((int(parts[0]), int(parts[1])))
+    return heads
+
+
+def cmd_fetch(args) -> int:
+    from cel_numpy.models.fetch import FetchError, fetch
+
+    try:
+        path = fetch(args.name)
+    except FetchError as err:
+        raise UserError(str(err)) from None
+    print(path)
+    return 0
+
+
+def _storage(path) -> str:
+    """Storage dtypes of the file, e.g. 'Q4_1 83%, Q8_0 21%, F32 0%' (by weight count)."""
+    from pathlib import Path
+
+    path = Path(path)
+    counts: dict[str, int] = {}
+    if path.suffix == ".gguf":
+        from cel_numpy.models.gguf_loader import gguf_storage
+
+        counts = gguf_storage(path)
+    elif path.is_dir():
+        from cel_numpy.models.loaders import _open_safetensors, safetensors_files
+
+        for name, file in safetensors_files(path).items():
+            with _open_safetensors(file) as f:
+                sl = f.get_slice(name)
+                counts[sl.get_dtype()] = counts.get(sl.get_dtype(), 0) + int(np.prod(sl.get_shape()))
+    elif path.suffix == ".npz":
+        with np.load(path) as z:
+            for name in z.files:
+                if name != "config_json":
+                    a = z[name]
+                    counts[str(a.dtype)] = counts.get(str(a.dtype), 0) + a.size
+    total = sum(counts.values()) or 1
+    return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def cmd_inspect(args) -> int:
+    from cel_numpy.models.loaders import load_model
+
+    model = load_model(args.model)
+    info = model.describe()
+    rows = [
+        ("family", info["family"]),
+        ("layers", info["layers"]),
+        ("heads", info["heads"]),
+        ("kv-heads", info["kv_heads"]),
+        ("d_model", info["d_model"]),
+        ("d_head", info["d_head"]),
+        ("d_mlp", info["d_mlp"]),
+        ("vocab", info["vocab"]),
+        ("context", info["n_ctx"]),
+        ("tied unembedding", info["tied_embeddings"]),
+    ]
+    if info["rope_base"] is not None:
+        rows.append(("rope base", f"{info['rope_base']:g}"))
+    rows += [
+        ("dtype", f"{info['dtype']} in memory; stored as {_storage(info['file'])}"),
+        ("parameters", f"{info['parameters']:,} ({model.weight_bytes() / 1e6:.1f} MB as {info["dtype"]})"),
+        ("tokenizer", repr(model.tokenizer) if model.tokenizer is not None else "none (no tokenizer files)"),
+        ("file", info["file"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def _top_k(model, logits: np.ndarray, k: int) -> list[tuple[str, float]]:
+    """logits (V,) -> [(token text, probability)] for the k most likely tokens."""
+    from cel_numpy.ops import softmax_forward
+
+    probs, _ = softmax_forward(logits.astype(np.float64))
+    top = np.argsort(-probs)[:k]
+    return [(model.decode([i]), float(probs[i])) for i in top]
+
+
+def cmd_generate(args) -> int:
+    from cel_numpy.models.loaders import load_model
+
+    heads = parse_heads(args.ablate)
+    if args.max_new_tokens < 0 or args.top_k < 1:
+        raise UserError("--max-new-tokens must be >= 0 and --top-k >= 1")
+    model = load_model(args.model, dtype=args.dtype)
+    ids = model.encode(args.prompt)
+    if not ids:
+        raise UserError("the prompt encodes to no tokens")
+    spec = {}
+    if heads:
+        reference = [model.encode(t) for t in (args.reference or [args.prompt])]
+        spec = {"ablate": heads, "ablation": args.ablation, "reference": reference}
+        spec["mean_z"] = model.mean_z(reference) if args.ablation == "mean" else None
+        del spec["reference"]
+        model.head_mask(heads)  # validate before any work
+    runs = [("intact", {})] + ([(f"ablated {args.ablate} ({args.ablation})", spec)] if heads else [])
+    print(f"prompt: {args.prompt!r} ({len(ids)} tokens)")
+    for label, kw in runs:
+        logits = model.next_token_logits([ids], **kw)[0]  # (V,)
+        print(f"\n[{label}] next token:")
+        for text, p in _top_k(model, logits, args.top_k):
+            print(f"  {p:7.2%}  {text!r}")
+        if args.max_new_tokens:
+            new = model.generate_ids([ids], args.max_new_tokens, **kw)[0]
+            print(f"[{label}] greedy: {args.prompt}\033[1m{model.decode(new)}\033[0m" if _tty() else
+                  f"[{label}] greedy: {args.prompt}|{model.decode(new)}")  # fmt: skip
+    return 0
+
+
+def _tty() -> bool:
+    import sys
+
+    return sys.stdout.isatty()
