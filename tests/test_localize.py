@@ -79,6 +79,7 @@ class FakeEvaluator:
         self.salt = salt
         self.flaky = flaky
         self.calls = 0
+        self.draws = {}  # item id -> (score, pushes (L, H))
 
     def identity(self):
         return {"kind": "fake", "spec": "fake", "n_layers": self.n_layers, "n_heads": self.n_heads,
@@ -88,9 +89,10 @@ class FakeEvaluator:
         self.calls += 1
         out = []
         for it in items:
-            r = _item_rng(it.id, self.salt)
-            score = r.normal()
-            pushes = 0.3 * r.normal(size=(self.n_layers, self.n_heads))
+            if it.id not in self.draws:
+                r = _item_rng(it.id, self.salt)
+                self.draws[it.id] = (r.normal(), 0.3 * r.normal(size=(self.n_layers, self.n_heads)))
+            score, pushes = self.draws[it.id]
             total = score + sum(pushes[l, h] + self.planted.get((l, h), 0.0) for l, h in cond)
             if self.flaky and self.calls % 2 == 0 and it is items[0]:
                 total = -total
@@ -216,3 +218,176 @@ def test_condition_names():
     assert condition_name(normalize_condition([(7, 1), (3, 5)])) == "L3H5+L7H1"
     with pytest.raises(ValueError):
         normalize_condition([(1, 1), (1, 1)])
+
+
+# --------------------------------------------------------------------------- routine on the fake
+
+
+def test_panels_disjoint_and_recorded(tmp_path):
+    run_fake(tmp_path / "run", until="baseline")
+    disc = rd.read_panel(tmp_path / "run" / "panels" / "discovery.jsonl")
+    held = rd.read_panel(tmp_path / "run" / "panels" / "heldout.jsonl")
+    assert len(disc) == 40 and len(held) == 40
+    assert not {it.id for it in disc} & {it.id for it in held}
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["panel_hashes"]["discovery"] == rd.items_hash(disc)
+    assert manifest["panel_sizes"] == {"discovery": 40, "heldout": 40}
+
+
+def test_full_run_175_candidates_and_report(tmp_path):
+    out = tmp_path / "run"
+    res = run_fake(out, ev={"n_layers": 3, "n_heads": 5})
+    assert res["joint"]["n_candidates"] == 175
+    assert len(res["joint"]["conditions"]) == 165
+    assert len(res["joint"]["finalists"]) == 10
+    frozen = json.loads((out / "finalists.json").read_text())
+    assert frozen["finalists"] == res["joint"]["finalists"]
+    # confirmation and held-out keep the discovery order: no reselection
+    assert [f["name"] for f in res["confirm"]["discovery"]["finalists"]] == frozen["names"]
+    assert [f["name"] for f in res["heldout"]["heldout"]["finalists"]] == frozen["names"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["primary"]["name"] == frozen["names"][0]
+    assert len(report["singletons"]) == 15
+    for stage in STAGES[:-1]:
+        assert (out / f"{stage}.done.json").exists(), stage
+    for name in ("report.md", "singletons.png", "finalists.png", "crosstask.png"):
+        assert (out / name).stat().st_size > 0, name
+    # per-example records: one line per (condition, example), greppable by block
+    lines = (out / "screen.jsonl").read_text().splitlines()
+    assert len(lines) == 15 * 40
+    assert sum('"block": "L1H2"' in line for line in lines) == 40
+
+
+def test_planted_fake_head_is_rank_one(tmp_path):
+    res = run_fake(tmp_path / "run", ev={"n_layers": 3, "n_heads": 5, "planted": {(2, 3): 6.0}})
+    assert res["joint"]["ranking"][0] == "L2H3"
+    assert res["screen"]["ranking"][0] == "L2H3"
+
+
+def test_baseline_must_agree_exactly(tmp_path):
+    with pytest.raises(UserError, match="two intact passes disagree on 1 of 40"):
+        run_fake(tmp_path / "run", until="baseline", ev={"flaky": True})
+    assert not (tmp_path / "run" / "baseline.done.json").exists()
+
+
+def test_executor_gives_identical_records(tmp_path):
+    run_fake(tmp_path / "seq", until="joint", chunk_size=3)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        run_fake(tmp_path / "par", until="joint", chunk_size=3, executor=pool)
+    for stage in ("baseline", "screen", "joint"):
+        assert (tmp_path / "seq" / f"{stage}.jsonl").read_bytes() == (tmp_path / "par" / f"{stage}.jsonl").read_bytes()
+
+
+def test_resume_reuses_finished_stages(tmp_path):
+    out = tmp_path / "run"
+    factory_ev = FakeEvaluator()
+    factory = lambda task, ref: factory_ev  # noqa: E731
+    run_fake(out, until="screen", factory=factory)
+    calls = factory_ev.calls
+    run_fake(out, until="screen", factory=factory)
+    assert factory_ev.calls == calls  # validated, not recomputed
+    run_fake(out, factory=factory)
+    assert (out / "report.json").exists()
+
+
+def test_resume_after_crash_matches_uninterrupted_run(tmp_path):
+    run_fake(tmp_path / "whole", until="screen")
+    out = tmp_path / "crashed"
+    run_fake(out, until="screen")
+    records, done = rd.stage_paths(out, "screen")
+    data = records.read_bytes()
+    done.unlink()
+    records.write_bytes(data[: len(data) * 2 // 3 + 17])  # mid-block, mid-line: a crash
+    run_fake(out, until="screen")
+    assert records.read_bytes() == (tmp_path / "whole" / "screen.jsonl").read_bytes()
+    assert json.loads(done.read_text())["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_tampered_record_refuses(tmp_path):
+    out = tmp_path / "run"
+    run_fake(out, until="joint")
+    records = out / "screen.jsonl"
+    text = records.read_text()
+    first = text.splitlines()[0]
+    flipped = first.replace('"correct": true', '"correct": false') if '"correct": true' in first \
+        else first.replace('"correct": false', '"correct": true')
+    records.write_text(text.replace(first, flipped, 1))
+    with pytest.raises(rd.RunDirError, match=r"screen\.jsonl does not match screen\.done\.json"):
+        run_fake(out, until="joint")
+
+
+def test_tampered_done_summary_refuses(tmp_path):
+    out = tmp_path / "run"
+    run_fake(out, until="screen")
+    done = out / "screen.done.json"
+    info = json.loads(done.read_text())
+    info["summary"]["conditions"][0]["gain"] += 1
+    done.write_text(json.dumps(info))
+    with pytest.raises(rd.RunDirError, match="summary does not match"):
+        run_fake(out, until="screen")
+
+
+def test_corrupted_partial_record_is_an_error(tmp_path):
+    out = tmp_path / "run"
+    run_fake(out, until="screen")
+    records, done = rd.stage_paths(out, "screen")
+    done.unlink()
+    lines = records.read_text().splitlines(keepends=True)
+    lines[3] = '{"block": "L0H0", "oops"\n'
+    records.write_text("".join(lines))
+    with pytest.raises(rd.RunDirError, match=r"screen\.jsonl:4: malformed record"):
+        run_fake(out, until="screen")
+
+
+def test_tampered_finalists_refuse(tmp_path):
+    out = tmp_path / "run"
+    run_fake(out, until="joint")
+    path = out / "finalists.json"
+    frozen = json.loads(path.read_text())
+    frozen["finalists"] = frozen["finalists"][::-1]
+    path.write_text(json.dumps(frozen))
+    with pytest.raises(rd.RunDirError, match="finalists.json"):
+        run_fake(out, until="confirm")
+
+
+def test_manifest_mismatch_refuses(tmp_path):
+    out = tmp_path / "run"
+    run_fake(out, until="baseline")
+    with pytest.raises(rd.RunDirError, match="describes a different run"):
+        run_fake(out, until="baseline", seed=1)
+    with pytest.raises(rd.RunDirError, match="describes a different run"):
+        run_fake(out, until="baseline", ev={"salt": 5})  # a different model
+
+
+def test_lock_stops_a_second_writer(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "lock").write_text(f"{os.getpid()} {__import__('socket').gethostname()} now\n")
+    with pytest.raises(rd.RunDirError, match="held by pid"):
+        run_fake(out, until="baseline")
+    (out / "lock").write_text(f"999999999 {__import__('socket').gethostname()} then\n")
+    with pytest.raises(rd.RunDirError, match="stale lock .* delete it"):
+        run_fake(out, until="baseline")
+    (out / "lock").unlink()
+    run_fake(out, until="baseline")
+    assert not (out / "lock").exists()  # released after the run
+
+
+def test_lock_is_released_on_error(tmp_path):
+    with pytest.raises(UserError):
+        run_fake(tmp_path / "run", until="baseline", ev={"flaky": True})
+    assert not (tmp_path / "run" / "lock").exists()
+
+
+def test_unwritable_out_is_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(rd.RunDirError, match="cannot write to --out"):
+        run_fake(blocker / "run", until="baseline")
+
+
+def test_few_heads_all_nominated(tmp_path):
+    res = run_fake(tmp_path / "run", ev={"n_layers": 1, "n_heads": 4})
+    assert len(res["screen"]["nominees"]) == 4
+    assert res["joint"]["n_candidates"] == 4 + 6 + 4
+    assert "only 4 heads" in (tmp_path / "run" / "report.md").read_text()
