@@ -111,7 +111,7 @@ def cmd_inspect(args) -> int:
         rows.append(("rope base", f"{info['rope_base']:g}"))
     rows += [
         ("dtype", f"{info['dtype']} in memory; stored as {_storage(info['file'])}"),
-        ("parameters", f"{info['parameters']:,} ({model.weight_bytes() / 1e6:.1f} MB as {info["dtype"]})"),
+        ("parameters", f"{info['parameters']:,} ({model.weight_bytes() / 1e6:.1f} MB as {info['dtype']})"),
         ("tokenizer", repr(model.tokenizer) if model.tokenizer is not None else "none (no tokenizer files)"),
         ("file", info["file"]),
     ]
