@@ -391,3 +391,195 @@ def test_few_heads_all_nominated(tmp_path):
     assert len(res["screen"]["nominees"]) == 4
     assert res["joint"]["n_candidates"] == 4 + 6 + 4
     assert "only 4 heads" in (tmp_path / "run" / "report.md").read_text()
+
+
+# --------------------------------------------------------------------------- theory acceptance
+
+
+@pytest.fixture(scope="module")
+def trained_theory():
+    from cel_numpy.theory import TrainConfig, train
+
+    config = TrainConfig()
+    train_rng, _ = np.random.default_rng(0).spawn(2)  # as `cel-numpy localize --model theory` does
+    return train(TrainConfig(log_every=config.steps), train_rng).params, config.world
+
+
+def test_theory_acceptance(tmp_path, trained_theory):
+    """Rank 1 holds the largest-|c-loading| head; held-out gain on A > 0, significant; B worse."""
+    from cel_numpy.theory import loadings, sample_batch
+    from cel_numpy.theory.data import TASK_A
+
+    params, world = trained_theory
+    c_load, _ = loadings(params, sample_batch(np.random.default_rng(123), world, 8192, task=TASK_A))
+    c_head = int(np.argmax(np.abs(c_load)))
+    task_a, task_b = TheoryTask("A", world), TheoryTask("B", world)
+
+    def make(task, reference_items):
+        return TheoryEvaluator(params, task)
+
+    res = localize(tmp_path / "run", make, task_a, n_discovery=300, n_heldout=300, seed=0, cross_tasks=[task_b],
+                   progress=False, command="test")
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    primary = report["primary"]
+    assert [0, c_head] in primary["heads"], (primary["heads"], c_load)
+    ho = primary["heldout"]
+    assert ho["gain"] > 0 and ho["ci_low"] > 0 and ho["p_value"] < 1e-3, ho
+    b = primary["crosstask"]["theory-B"]
+    assert b["gain"] < 0 and b["ci_high"] < 0 and b["p_value"] < 1e-3, b
+    assert res["confirm"]["discovery"]["intact_matches_baseline"]
+
+
+def test_theory_items_round_trip_exactly(trained_theory):
+    from cel_numpy.localize.evaluate import items_to_batch
+    from cel_numpy.theory import sample_batch
+    from cel_numpy.theory.data import TASK_A
+
+    params, world = trained_theory
+    task = TheoryTask("A", world)
+    items = task.sample(np.random.default_rng(5), 7)
+    batch = sample_batch(np.random.default_rng(5), world, 7, task=TASK_A)
+    decoded = items_to_batch(items)
+    assert np.array_equal(decoded.z, batch.z) and np.array_equal(decoded.types, batch.types)
+    assert np.array_equal(decoded.y, batch.y)
+
+
+def test_theory_evaluator_invariants(trained_theory):
+    params, world = trained_theory
+    task = TheoryTask("A", world)
+    items = task.sample(np.random.default_rng(1), 50)
+    ev = TheoryEvaluator(params, task)
+    intact, single, again = ev.evaluate_many(items, [(), ((0, 1),), ((0, 1),)])
+    assert single == again
+    # joint ablation of every head predicts exactly 0
+    everything = tuple((0, h) for h in range(ev.n_heads))
+    assert np.all(ev.predict(items, everything) == 0.0)
+    # mean ablation with the same items as reference keeps the batch mean of each head
+    mean_ev = TheoryEvaluator(params, task, ablation="mean", reference_items=items)
+    y_zero, y_mean = ev.predict(items, ((0, 2),)), mean_ev.predict(items, ((0, 2),))
+    assert abs(y_mean.mean() - ev.predict(items, ()).mean()) < 1e-12
+    assert not np.allclose(y_zero, y_mean)
+
+
+# --------------------------------------------------------------------------- a planted harmful head in a real model
+
+
+class CharTokenizer:
+    """One token per character: enough to run the real Model on text."""
+
+    def __init__(self, alphabet):
+        self.alphabet = alphabet
+        self.bos_id = self.eos_id = None
+        self.pad_id = 0
+        self.add_bos = False
+
+    def encode(self, text):
+        return [self.alphabet.index(ch) for ch in text]
+
+    def decode(self, ids):
+        return "".join(self.alphabet[i] for i in ids)
+
+
+ALPHABET = "_xyab\n"  # "_" is padding
+
+
+class PlantedTask:
+    """Prompts of x/y characters; the answer is always "a" (b is the planted wrong answer)."""
+
+    def __init__(self, scoring):
+        self.scoring = scoring
+        self.name = f"planted-{scoring}"
+        self.max_new_tokens = 1
+
+    def sample(self, rng, n):
+        prompts = ["".join(rng.choice(list("xy"), size=int(rng.integers(3, 9)))) for _ in range(n)]
+        return [Item(self.name, "s", p, "a", ("a", "b") if self.scoring == "choice" else ()) for p in prompts]
+
+    def is_correct(self, item, output):
+        return output.strip() == item.answer
+
+
+def planted_model(rng, good=(0, 0), bad=(1, 1)):
+    """Tiny GPT-2 (2 layers x 3 heads) with random weights, one head writing a constant push toward
+    "a" (the right answer) and a stronger head writing a constant push toward "b" (wrong).
+
+    A constant-writing head: W_V = 0 and b_V = e_0, so z = e_0 whatever it attends to (attention
+    rows sum to 1), and W_O maps e_0 to the push. Unembedding is tied: tokens "a" and "b" get
+    embeddings along d_a = e_0 - e_1 and d_b = e_2 - e_3 (mean zero, so LayerNorm keeps them).
+    """
+    from cel_numpy.models.config import ModelConfig
+    from cel_numpy.models.model import Model
+
+    L, H, D, E, F, V = 2, 3, 8, 4, 16, len(ALPHABET)
+    config = ModelConfig(family="gpt2", n_layers=L, n_heads=H, n_kv_heads=H, d_model=D, d_head=E, d_mlp=F,
+                         vocab_size=V, n_ctx=32, norm_eps=1e-5, attn_bias=True, mlp_bias=True, name="planted")
+    small = lambda *shape: 0.1 * rng.standard_normal(shape)  # noqa: E731
+    eye = np.eye(D)
+    d_a, d_b = eye[0] - eye[1], eye[2] - eye[3]
+    W_E = np.zeros((V, D))
+    W_E[:, 4:] = rng.standard_normal((V, 4))  # x, y, pad, newline live in dims 4..7
+    W_E[ALPHABET.index("a")] = 2 * d_a
+    W_E[ALPHABET.index("b")] = 2 * d_b
+    blocks = []
+    for _ in range(L):
+        blocks.append({
+            "ln1": {"w": np.ones(D), "b": np.zeros(D)},
+            "attn": {"W_Q": small(H, D, E), "W_K": small(H, D, E), "W_V": small(H, D, E), "W_O": small(H, E, D),
+                     "b_Q": np.zeros((H, E)), "b_K": np.zeros((H, E)), "b_V": np.zeros((H, E)), "b_O": np.zeros(D)},
+            "ln2": {"w": np.ones(D), "b": np.zeros(D)},
+            "mlp": {"W_in": small(D, F), "b_in": np.zeros(F), "W_out": small(F, D), "b_out": np.zeros(D)},
+        })
+    for (l, h), push in ((good, 5 * d_a), (bad, 10 * d_b)):
+        attn = blocks[l]["attn"]
+        attn["W_V"][h] = 0.0
+        attn["b_V"][h] = np.eye(E)[0]
+        attn["W_O"][h] = np.outer(np.eye(E)[0], push)  # (E, D): z = e_0 -> push
+    params = {
+        "embed": {"W_E": W_E},
+        "pos_embed": {"W_pos": small(32, D)},
+        "blocks": blocks,
+        "ln_final": {"w": np.ones(D), "b": np.zeros(D)},
+        "unembed": {"W_U": W_E.T},
+    }
+    return Model(params, config, CharTokenizer(ALPHABET), source="planted")
+
+
+@pytest.mark.parametrize("scoring", ["generate", "choice"])
+def test_planted_harmful_head_is_rank_one(tmp_path, scoring):
+    from cel_numpy.localize.evaluate import LMEvaluator
+
+    model = planted_model(np.random.default_rng(0), good=(0, 0), bad=(1, 1))
+    task = PlantedTask(scoring)
+
+    def make(t, reference_items):
+        return LMEvaluator(model, t, batch_size=7, spec="planted")
+
+    res = localize(tmp_path / "run", make, task, n_discovery=30, n_heldout=30, seed=0, progress=False,
+                   command="test")
+    assert res["baseline"]["correct"] == 0  # the harmful head wins everywhere
+    assert res["joint"]["ranking"][0] == "L1H1"
+    ho = res["heldout"]["heldout"]["finalists"][0]
+    assert ho["name"] == "L1H1" and ho["rescued"] == 30 and ho["damaged"] == 0
+    # removing the helpful head instead changes nothing: the wrong answer already wins
+    screen = {c["name"]: c for c in res["screen"]["conditions"]}
+    assert screen["L0H0"]["gain"] == 0
+
+
+def test_lm_evaluator_choice_matches_manual_logprobs():
+    from cel_numpy.localize.evaluate import LMEvaluator
+
+    model = planted_model(np.random.default_rng(1))
+    task = PlantedTask("choice")
+    items = task.sample(np.random.default_rng(2), 5)
+    ev = LMEvaluator(model, task, batch_size=3)
+    (res,) = ev.evaluate_many(items, [((0, 2),)])
+    for it, r in zip(items, res):
+        scores = []
+        for ch in it.choices:
+            ids = model.tokenizer.encode(it.prompt + ch)
+            logits = np.asarray(model.logits([ids], ablate=[(0, 2)]), dtype=np.float64)[0, -2]  # predicts last
+            logp = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+            scores.append(logp[ids[-1]])
+        assert r.answer == it.choices[int(np.argmax(scores))]
+    # batch size does not change results (left padding + attention mask)
+    assert LMEvaluator(model, task, batch_size=1).evaluate_many(items, [((0, 2),)]) == [res]
