@@ -583,3 +583,35 @@ def test_lm_evaluator_choice_matches_manual_logprobs():
         assert r.answer == it.choices[int(np.argmax(scores))]
     # batch size does not change results (left padding + attention mask)
     assert LMEvaluator(model, task, batch_size=1).evaluate_many(items, [((0, 2),)]) == [res]
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _cli(argv):
+    import argparse
+
+    from cel_numpy.localize.cli import register
+
+    parser = argparse.ArgumentParser(prog="cel-numpy")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_cli_theory_stages_and_resume(tmp_path, trained_theory, capsys):
+    params, _ = trained_theory
+    np.savez(tmp_path / "params.npz", K=params["K"], V=params["V"])
+    base = ["localize", "--model", f"theory:{tmp_path / 'params.npz'}", "--task", "A", "--discovery", "60",
+            "--heldout", "60", "--out", str(tmp_path / "run"), "--quiet"]
+    assert _cli(base + ["--stage", "screen"]) == 0
+    assert (tmp_path / "run" / "screen.done.json").exists() and not (tmp_path / "run" / "joint.jsonl").exists()
+    assert _cli(base) == 0
+    out = capsys.readouterr().out
+    assert "rank 1:" in out and "report.md" in out
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert list(report["primary"]["crosstask"]) == ["theory-B"]
+    with pytest.raises(UserError, match="--stage must be one of"):
+        _cli(base + ["--stage", "nope"])
+    with pytest.raises(UserError, match="tasks A and B"):
+        _cli(base[:4] + ["arithmetic"] + base[5:])
