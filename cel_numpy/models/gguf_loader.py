@@ -3,7 +3,8 @@
 The `gguf` package reads the header and memory-maps the tensor data; `gguf.quants.dequantize`
 turns Q4_1, Q8_0, F16, ... blocks into float32. We dequantize one tensor at a time, in chunks
 of rows written into a preallocated array of the model dtype, so no whole-tensor temporaries
-pile up (peak memory stays close to the float32 weights plus the mapped file).
+pile up (peak memory stays close to the float32 weights). The tensor bytes are read with plain file
+reads rather than through the reader's memory map, whose touched pages would stay resident.
 
 GGUF lists tensor dimensions fastest first: ne = (in, out) for a torch (out, in) Linear. The
 reader's `data` already has NumPy order (out, in[bytes]); we rebuild the element shape by
@@ -14,6 +15,7 @@ loaders.py, which also undoes llama.cpp's Q/K row permutation.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -114,43 +116,96 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
     return config
 
 
-def dequantize_tensor(tensor, dtype) -> np.ndarray:
-    """One ReaderTensor -> array of `dtype` in NumPy order (dims reversed from GGUF's ne)."""
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where a tensor's bytes are and how to decode them (kept after the reader is dropped)."""
+
+    name: str
+    qtype: int  # GGMLQuantizationType value
+    shape: tuple[int, ...]  # element shape, NumPy order: (out, in)
+    row_items: int  # items per row in the file: elements (F32/F16) or bytes (quantized)
+    item_dtype: np.dtype  # float32, float16, ... or uint8 for quantized blocks
+    offset: int  # absolute byte offset in the file
+
+    @classmethod
+    def of(cls, tensor) -> "TensorInfo":
+        return cls(
+            name=tensor.name,
+            qtype=int(tensor.tensor_type),
+            shape=tuple(int(d) for d in reversed(tensor.shape.tolist())),
+            row_items=int(tensor.data.shape[-1]),
+            item_dtype=tensor.data.dtype,
+            offset=int(tensor.data_offset),
+        )
+
+
+def dequantize_from_file(f, info: TensorInfo, dtype) -> np.ndarray:
+    """Read one tensor from open file `f` in chunks of rows and dequantize each into `dtype`.
+
+    Plain reads, not the reader's memory map: a touched mapping would stay resident and count
+    against the process (the whole ~100 MB file for SmolLM2), page cache does not.
+    """
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # (out, in)
-    out = np.empty(shape, dtype=dtype)
-    out_rows = out.reshape(-1, shape[-1])  # (R, C) view
-    src_rows = tensor.data.reshape(out_rows.shape[0], -1)  # (R, C) elements or (R, bytes)
-    step = max(1, CHUNK_ELEMENTS // shape[-1])
-    qtype = GGMLQuantizationType(tensor.tensor_type)
-    for start in range(0, out_rows.shape[0], step):
-        out_rows[start : start + step] = dequantize(src_rows[start : start + step], qtype)
+    qtype = GGMLQuantizationType(info.qtype)
+    out = np.empty(info.shape, dtype=dtype)
+    out_rows = out.reshape(-1, info.shape[-1])  # (R, C) view
+    n_rows = out_rows.shape[0]
+    step = max(1, CHUNK_ELEMENTS // info.shape[-1])
+    row_bytes = info.row_items * info.item_dtype.itemsize
+    for start in range(0, n_rows, step):
+        rows = min(step, n_rows - start)
+        f.seek(info.offset + start * row_bytes)
+        raw = np.fromfile(f, dtype=info.item_dtype, count=rows * info.row_items)
+        if raw.size != rows * info.row_items:
+            raise UserError(f"{f.name}: tensor {info.name} is cut short; the file may be truncated: download it again")
+        out_rows[start : start + rows] = dequantize(raw.reshape(rows, info.row_items), qtype)
     return out
 
 
+def dequantize_tensor(tensor, dtype) -> np.ndarray:
+    """One gguf ReaderTensor -> array of `dtype` in NumPy order (dims reversed from GGUF's ne)."""
+    with open(_filename(tensor), "rb") as f:
+        return dequantize_from_file(f, TensorInfo.of(tensor), dtype)
+
+
+def _filename(tensor) -> str:
+    base = tensor.data
+    while base is not None and not hasattr(base, "filename"):
+        base = base.base
+    if base is None:
+        raise ValueError(f"tensor {tensor.name} is not backed by a file")
+    return base.filename
+
+
 def load_gguf(path: Path, dtype):
-    """GGUF file -> (params, config, tokenizer or None)."""
+    """GGUF file -> (params, config, tokenizer or None).
+
+    Header first (config, tokenizer, tensor offsets), then the reader and its ~250k metadata
+    objects are dropped before any weight is allocated; weights are read tensor by tensor.
+    """
     reader = open_gguf(path)
     config = read_gguf_config(reader, path)
-    tensors = {t.name: t for t in reader.tensors}
-
-    def read(name: str) -> np.ndarray:
-        if name not in tensors:
-            raise UserError(f"{path}: GGUF file has no tensor {name!r}")
-        try:
-            return dequantize_tensor(tensors[name], dtype)
-        except NotImplementedError as err:
-            raise UserError(f"{path}: tensor {name}: {err}") from None
-
-    params = build_params(config, "gguf", read, dtype, str(path))
     tokenizer = None
     if "tokenizer.ggml.tokens" in reader.fields:
         from cel_numpy.models.tokenizer import BPETokenizer
 
         tokenizer = BPETokenizer.from_gguf_fields(reader)
-    del reader, tensors
+    infos = {t.name: TensorInfo.of(t) for t in reader.tensors}
+    del reader
+
+    with open(path, "rb") as f:
+
+        def read(name: str) -> np.ndarray:
+            if name not in infos:
+                raise UserError(f"{path}: GGUF file has no tensor {name!r}")
+            try:
+                return dequantize_from_file(f, infos[name], dtype)
+            except NotImplementedError as err:
+                raise UserError(f"{path}: tensor {name}: {err}") from None
+
+        params = build_params(config, "gguf", read, dtype, str(path))
     return params, config, tokenizer
 
 
