@@ -1,0 +1,72 @@
+"""`cel-numpy demo` (what `make demo` runs): the whole story in a few minutes on a laptop CPU.
+
+It is a sequence of ordinary `cel-numpy` commands, each printed before it runs, so a newcomer
+can re-run any step alone:
+
+1. theory    train the two-task model; the conflicting feature ends up in one head, and
+             removing that head helps task A and hurts task B (closed forms alongside).
+2. localize  the same two-stage search on SmolLM2-135M-Instruct (fetched once into the cache)
+             for a small panel of one task; the report says which heads, removed, help.
+3. generate  SmolLM2 intact, then with the rank-1 head set from step 2 removed.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+# A small, few-minute localization: a choice-scored task (one forward per candidate, no generation).
+DEMO_TASK = "agreement"
+DEMO_DISCOVERY = 60
+DEMO_HELDOUT = 120
+DEMO_PROMPT = "The capital of France is"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("demo", help="what `make demo` runs: theory, a small SmolLM2 localization, generation")
+    p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    p.add_argument("--task", default=DEMO_TASK, help=f"task for the SmolLM2 localization (default {DEMO_TASK})")
+    p.add_argument("--discovery", type=int, default=DEMO_DISCOVERY, help=f"discovery panel size (default {DEMO_DISCOVERY})")
+    p.add_argument("--heldout", type=int, default=DEMO_HELDOUT, help=f"held-out panel size (default {DEMO_HELDOUT})")
+    p.add_argument("--theory-only", action="store_true", help="skip the SmolLM2 steps (no download)")
+    p.set_defaults(func=run)
+
+
+def _step(title: str, argv: list[str]) -> None:
+    from cel_numpy.cli import main
+
+    print(f"\n=== {title}\n$ cel-numpy {shlex.join(argv)}", flush=True)
+    status = main(argv)
+    if status:
+        raise SystemExit(status)
+
+
+def run(args) -> int:
+    from cel_numpy.localize.rundir import prepare_out
+
+    out = Path(args.out)
+    prepare_out(out)  # fails in one line, before any work, if the directory cannot be written
+    _step("1/3 theory: two tasks, one conflicting feature, one head", ["theory", "--out", str(out / "theory"), "--quiet"])
+    if args.theory_only:
+        print(f"\ndone (theory only). Summary: {out / 'theory' / 'summary.json'}")
+        return 0
+    loc = out / f"localize-{args.task}"
+    _step(
+        f"2/3 localize on SmolLM2-135M-Instruct, task {args.task}",
+        ["localize", "--model", "smollm2", "--task", args.task, "--discovery", str(args.discovery),
+         "--heldout", str(args.heldout), "--cross-tasks", "none", "--out", str(loc)],
+    )
+    report = json.loads((loc / "report.json").read_text())
+    heads = report["primary"]["heads"]
+    spec = ",".join(f"{layer}.{head}" for layer, head in heads)
+    _step("3/3 generate: intact", ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8"])
+    _step(f"3/3 generate: rank-1 head set {spec} removed",
+          ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8", "--ablate", spec])
+    print(
+        f"\nWhere to look:\n  theory summary and figures: {out / 'theory'}\n"
+        f"  localization report:        {loc / 'report.md'} (figures beside it)\n",
+        file=sys.stdout,
+    )
+    return 0
