@@ -322,3 +322,17 @@ def test_cli_sweep_init(tmp_path):
     assert [(r["init_scale"], r["seed"]) for r in runs] == [(1e-3, 0), (1e-3, 1), (1e-1, 0), (1e-1, 1)]
     assert all(0.0 < r["concentration"] <= 1.0 for r in runs)
     assert (out / "concentration_vs_init.png").stat().st_size > 1000
+
+
+def test_dispatcher_prints_one_line_error_for_unwritable_out(tmp_path, capsys):
+    from cel_numpy import cli
+
+    try:
+        cli.build_parser()
+    except ImportError as err:  # the other areas' subcommands are not all in the tree yet
+        pytest.skip(f"cel-numpy dispatcher not complete: {err}")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    rc = cli.main(["theory", "--steps", "100000000", "--out", str(blocker / "sub"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "cannot write to output directory" in err, err
