@@ -120,11 +120,19 @@ _SUBTASK_OP = {"add": "plus", "sub": "minus", "mul": "times"}
 
 
 def _recompute(item):
-    """The answer from the prompt text alone, checking the subtask's operand ranges on the way."""
+    """The answer from the prompt text alone, checking the subtask's operand ranges on the way.
+
+    With solved examples in front ("...\nAnswer: 47\n\nQuestion: ..."), each example's answer is
+    recomputed too, and the question must differ from every example's."""
+    *shots, question = item.prompt.split("\n\n")
+    for shot in shots:
+        shot_prompt, shot_answer = shot.rsplit(" ", 1)
+        assert shot_prompt != question, f"the question repeats a solved example: {item.prompt!r}"
+        assert shot_answer == str(_recompute(Item(item.task, item.subtask, shot_prompt, shot_answer)))
     if item.subtask == "comp1":
-        a, op1, b, op2, c = _COMPOSITE_PROMPT.fullmatch(item.prompt).groups()
+        a, op1, b, op2, c = _COMPOSITE_PROMPT.fullmatch(question).groups()
         return _APPLY[op1](int(a), _APPLY[op2](int(b), int(c)))
-    x, op, y = _ARITH_PROMPT.fullmatch(item.prompt).groups()
+    x, op, y = _ARITH_PROMPT.fullmatch(question).groups()
     n = int(item.subtask[-1])
     assert op == _SUBTASK_OP[item.subtask[:3]], item
     assert len(x) == len(y) == n and x[0] != "0" and y[0] != "0", f"operands are not {n}-digit: {item.prompt!r}"
@@ -133,9 +141,11 @@ def _recompute(item):
     return _APPLY[op](int(x), int(y))
 
 
-def test_arithmetic_answers_recomputed_from_prompt():
-    items = ARITH.sample(np.random.default_rng(0), 3000)
-    d, h = make_panels(ARITH, 500, 500, seed=0)
+@pytest.mark.parametrize("name", ["arithmetic", "arithmetic_2shot"])
+def test_arithmetic_answers_recomputed_from_prompt(name):
+    task = get_task(name)
+    items = task.sample(np.random.default_rng(0), 3000)
+    d, h = make_panels(task, 500, 500, seed=0)
     for item in items + d + h:
         assert item.answer == str(_recompute(item)), item
 
@@ -274,6 +284,25 @@ def test_item_at_is_one_to_one_on_samples(name):
         indices = rng.choice(size, min(size, 2000), replace=False)
         ids = {task.item_at(s, int(i)).id for i in indices}
         assert len(ids) == len(indices), f"{name}/{s}: two indices gave the same item"
+
+
+def test_arithmetic_2shot_skips_its_examples():
+    """Every index of the 2-shot space, enumerated on the small subtasks: recomputed, never an example."""
+    task = get_task("arithmetic_2shot")
+    assert task.n_shots == 2 and len(task.subtasks) == 10
+    for s in ("sub2", "comp1"):
+        assert task.space_size(s) == ARITH.space_size(s) - 2
+        contexts, questions = set(), set()
+        for i in range(task.space_size(s)):
+            item = task.item_at(s, i)
+            assert item.answer == str(_recompute(item))
+            context, question = item.prompt.rsplit("\n\n", 1)
+            contexts.add(context)
+            questions.add(question)
+        assert len(contexts) == 1, "the examples are fixed per subtask"
+        assert len(questions) == task.space_size(s)
+        with pytest.raises(IndexError):
+            task.item_at(s, task.space_size(s))
 
 
 def test_arithmetic_is_a_fresh_instance_equal_in_behaviour():

@@ -1,6 +1,7 @@
 """Template-generated tasks (no downloads); see `cel_numpy.tasks.base` for the contract.
 
     TASKS["arithmetic"]    "Question: What is 48 plus 76?\\nAnswer:" -> " 124"      generate
+    TASKS["arithmetic_2shot"]  the same after two fixed solved examples of the same subtask
     TASKS["ioi"]           "When Mary and John went to the store, John gave a drink to" -> " Mary"   choice
     TASKS["greater_than"]  "The war lasted from the year 1732 to the year 17" -> any YY > 32   generate
     TASKS["capitals"]      "France: Paris\\nJapan: Tokyo\\nEgypt: Cairo\\nItaly:" -> " Rome"   generate
@@ -21,7 +22,7 @@ from cel_numpy.tasks.template import TemplateTask
 
 TASKS: dict[str, Task] = {
     task.name: task
-    for task in (Arithmetic(), IndirectObject(), GreaterThan(), capitals(), antonyms(), Agreement())
+    for task in (Arithmetic(), Arithmetic(n_shots=2), IndirectObject(), GreaterThan(), capitals(), antonyms(), Agreement())
 }
 
 

@@ -19,10 +19,18 @@ whitespace, must be exactly the answer as a canonical signed integer (`-?\\d+`):
 
 Template space: add_n = (9 * 10^(n-1))^2 (8100 for n=2), sub_n = N (N + 1) / 2 with N = 9 * 10^(n-1)
 (4095 for n=2), mul2 = 8100, comp1 = 10^3 * 3^2 = 9000.
+
+`arithmetic_2shot` is the same questions after two solved examples of the same subtask, in the
+same format, separated by a blank line ("Question: ...\nAnswer: 47\n\nQuestion: ...\nAnswer:").
+The two examples are fixed per subtask (a constant context, so they never vary across items) and
+are removed from that subtask's query space (2 fewer items per subtask). Zero-shot, an
+instruction-tuned 135M model answers with the equation ("67 + 33 = ...") and scores 0; the
+examples show the format.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 from cel_numpy.tasks.base import Item
@@ -38,12 +46,44 @@ def _n_values(n_digits: int) -> int:
 
 
 class Arithmetic(TemplateTask):
+    """Zero-shot ("arithmetic") or with two fixed solved examples per subtask ("arithmetic_2shot")."""
+
     name = "arithmetic"
     scoring = "generate"
     max_new_tokens = 8  # " " + up to 6 digits (5-digit sums) + one token to see a stray extra digit
     subtasks = ("add2", "add3", "add4", "add5", "sub2", "sub3", "sub4", "sub5", "mul2", "comp1")
 
+    def __init__(self, n_shots: int = 0):
+        if n_shots not in (0, 2):
+            raise ValueError(f"n_shots must be 0 or 2, got {n_shots}")
+        self.n_shots = n_shots
+        self.name = "arithmetic" if n_shots == 0 else f"arithmetic_{n_shots}shot"
+
     def space_size(self, subtask: str) -> int:
+        return self._full_size(subtask) - self.n_shots
+
+    def shot_indices(self, subtask: str) -> tuple[int, ...]:
+        """Indices (in the full zero-shot space) of the fixed solved examples, distinct, ascending.
+
+        Spread by a hash of the subtask name (fixed forever, unlike an RNG stream across NumPy
+        versions); evenly spaced indices would give degenerate examples like "60 plus 10".
+        """
+        size = self._full_size(subtask)
+        digest = int(hashlib.sha256(subtask.encode()).hexdigest(), 16)
+        first = digest % size
+        second = (first + 1 + (digest >> 64) % (size - 1)) % size  # never equal to first
+        return tuple(sorted((first, second)))[: self.n_shots] if self.n_shots else ()
+
+    def item_at(self, subtask: str, index: int) -> Item:
+        self._check_index(subtask, index)
+        for shot in self.shot_indices(subtask):  # skip the examples: ascending, so shift in order
+            index += index >= shot
+        prompt, answer = self._question(subtask, index)
+        shots = [self._question(subtask, i) for i in self.shot_indices(subtask)]
+        context = "".join(f"{p} {a}\n\n" for p, a in shots)
+        return Item(task=self.name, subtask=subtask, prompt=context + prompt, answer=answer)
+
+    def _full_size(self, subtask: str) -> int:
         kind, n = subtask[:-1], int(subtask[-1])
         if kind in ("add", "mul"):
             return _n_values(n) ** 2
@@ -53,8 +93,8 @@ class Arithmetic(TemplateTask):
             return 10**3 * len(COMPOSITE_OPS) ** 2
         raise ValueError(f"arithmetic has no subtask {subtask!r}; known: {', '.join(self.subtasks)}")
 
-    def item_at(self, subtask: str, index: int) -> Item:
-        self._check_index(subtask, index)
+    def _question(self, subtask: str, index: int) -> tuple[str, str]:
+        """(prompt, answer) of the index-th question of the full zero-shot space."""
         kind, n = subtask[:-1], int(subtask[-1])
         if kind == "comp":
             index, digits = divmod(index, 1000)
@@ -75,7 +115,7 @@ class Arithmetic(TemplateTask):
             op = {"add": "plus", "sub": "minus", "mul": "times"}[kind]
             expression = f"{x} {op} {y}"
             answer = OPS[op](x, y)
-        return Item(task=self.name, subtask=subtask, prompt=PROMPT.format(expression=expression), answer=str(answer))
+        return PROMPT.format(expression=expression), str(answer)
 
     def is_correct(self, item: Item, output: str) -> bool:
         return parse_signed_int(output) == item.answer
