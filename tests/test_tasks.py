@@ -270,7 +270,8 @@ def test_ioi_answer_is_the_name_not_repeated():
 def test_agreement_answer_agrees_with_subject():
     agr = get_task("agreement")
     for item in agr.sample(np.random.default_rng(3), 400):
-        subject, attractor = re.fullmatch(r"The (\w+) [a-z ]+ the (\w+)", item.prompt).groups()
+        match = re.fullmatch(r"The (\w+) [a-z ]*the (\w+)( \w+)?", item.prompt)
+        subject, attractor = match.group(1), match.group(2)
         assert subject != attractor
         assert item.answer == (" are" if item.subtask[0] == "P" else " is")
 

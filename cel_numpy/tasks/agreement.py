@@ -1,14 +1,18 @@
 """Subject-verb agreement across an attractor noun (Linzen et al. 2016).
 
     "The key near the cabinets" -> " is"   (not " are")
+    "The authors that the doctor saw" -> " are"
 
 Four subtasks by (subject number, attractor number): SS, SP, PS, PP. In SP and PS the noun
 nearest the verb has the wrong number, which is where small models slip.
 Scoring ("choice"): " is" vs " are", in that order; correct iff the verb agreeing with the
 subject has the higher total log-probability.
 
+The attractor sits in a prepositional phrase ("near the ...") or in an object relative clause
+with a past-tense verb that carries no number ("that the ... saw").
+
 Template space per subtask: 14 subjects * 13 attractors (never the subject's own noun)
-* 6 prepositions = 1092.
+* 12 frames (6 prepositional, 6 relative) = 2184.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ NOUNS = (
     ("box", "boxes"), ("child", "children"), ("woman", "women"), ("man", "men"),
     ("table", "tables"), ("bottle", "bottles"),
 )  # fmt: skip
-PREPOSITIONS = ("near", "behind", "next to", "beside", "with", "under")
+FRAMES = (
+    "near the {}", "behind the {}", "next to the {}", "beside the {}", "with the {}", "under the {}",
+    "that the {} saw", "that the {} liked", "that the {} found", "that the {} met",
+    "that the {} visited", "that the {} described",
+)  # fmt: skip
 CHOICES = (" is", " are")
 
 
@@ -33,7 +41,7 @@ class Agreement(TemplateTask):
     subtasks = ("SS", "SP", "PS", "PP")
 
     def space_size(self, subtask: str) -> int:
-        return len(NOUNS) * (len(NOUNS) - 1) * len(PREPOSITIONS)
+        return len(NOUNS) * (len(NOUNS) - 1) * len(FRAMES)
 
     def item_at(self, subtask: str, index: int) -> Item:
         self._check_index(subtask, index)
@@ -42,5 +50,5 @@ class Agreement(TemplateTask):
         a += a >= s  # skip the subject's own noun
         subject = NOUNS[s][subtask[0] == "P"]
         attractor = NOUNS[a][subtask[1] == "P"]
-        prompt = f"The {subject} {PREPOSITIONS[index]} the {attractor}"
+        prompt = f"The {subject} {FRAMES[index].format(attractor)}"
         return Item(self.name, subtask, prompt, answer=CHOICES[subtask[0] == "P"], choices=CHOICES)
