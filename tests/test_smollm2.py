@@ -71,9 +71,9 @@ def test_batch_equals_one_by_one(model, facts):
 
 def test_kv_cache_generation_equals_recomputation(model):
     prompts = [model.encode("The capital of France is"), model.encode("One, two, three,")]
-    cached = model.generate_ids(prompts, 5)
-    assert cached == model.generate_ids(prompts, 5, use_cache=False)
-    assert all(len(row) == 5 for row in cached)
+    cached = model.generate_ids(prompts, 4)
+    assert cached == model.generate_ids(prompts, 4, use_cache=False)
+    assert all(len(row) == 4 for row in cached)
 
 
 def test_head_mask_of_ones_is_bitwise_identical(model, facts):
@@ -88,7 +88,7 @@ def test_head_mask_of_ones_is_bitwise_identical(model, facts):
 
 
 def test_ablating_a_head_changes_the_logits(model, facts):
-    prompts, intact = facts
+    prompts, intact = facts[0][:3], facts[1][:3]
     zero = model.next_token_logits(prompts, ablate=[(0, 4)])
     assert np.abs(zero - intact).max() > 1e-2
     mean = model.next_token_logits(prompts, ablate=[(0, 4)], ablation="mean", reference=prompts)

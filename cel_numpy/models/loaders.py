@@ -231,9 +231,12 @@ def load_model(source, *, dtype=np.float32):
 def resolve_source(source) -> Path:
     """A known name -> its fetched file; anything else must be an existing path."""
     if isinstance(source, str) and source in KNOWN_NAMES:
-        from cel_numpy.models.fetch import fetch
+        from cel_numpy.models.fetch import FetchError, fetch
 
-        return Path(fetch(source))
+        try:
+            return Path(fetch(source))
+        except FetchError as err:
+            raise UserError(f"cannot fetch {source!r}: {err}") from None
     path = Path(source).expanduser()
     if not path.exists():
         raise UserError(
