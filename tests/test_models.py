@@ -378,7 +378,7 @@ def test_cli_generate_with_ablation(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[intact] next token" in out and "[ablated 1.2,0.1 (mean)]" in out
     expected = model.generate("hello", 4, ablate=[(1, 2), (0, 1)], ablation="mean", reference=[model.encode("hello")])
-    assert f"hello|{expected}" in out
+    assert f"greedy: 'hello' + {expected!r}" in out
     with pytest.raises(UserError, match="not LAYER.HEAD"):
         run_cli(["generate", "--model", str(folder), "hi", "--ablate", "1-2"])
     with pytest.raises(InvalidHeadError, match=r"head \(7, 0\) out of range"):

@@ -142,11 +142,10 @@ def cmd_generate(args) -> int:
         raise UserError("the prompt encodes to no tokens")
     spec = {}
     if heads:
-        reference = [model.encode(t) for t in (args.reference or [args.prompt])]
-        spec = {"ablate": heads, "ablation": args.ablation, "reference": reference}
-        spec["mean_z"] = model.mean_z(reference) if args.ablation == "mean" else None
-        del spec["reference"]
         model.head_mask(heads)  # validate before any work
+        reference = [model.encode(t) for t in (args.reference or [args.prompt])]
+        mean_z = model.mean_z(reference) if args.ablation == "mean" else None
+        spec = {"ablate": heads, "ablation": args.ablation, "mean_z": mean_z}
     runs = [("intact", {})] + ([(f"ablated {args.ablate} ({args.ablation})", spec)] if heads else [])
     print(f"prompt: {args.prompt!r} ({len(ids)} tokens)")
     for label, kw in runs:
@@ -156,12 +155,5 @@ def cmd_generate(args) -> int:
             print(f"  {p:7.2%}  {text!r}")
         if args.max_new_tokens:
             new = model.generate_ids([ids], args.max_new_tokens, **kw)[0]
-            print(f"[{label}] greedy: {args.prompt}\033[1m{model.decode(new)}\033[0m" if _tty() else
-                  f"[{label}] greedy: {args.prompt}|{model.decode(new)}")  # fmt: skip
+            print(f"[{label}] greedy: {args.prompt!r} + {model.decode(new)!r}")
     return 0
-
-
-def _tty() -> bool:
-    import sys
-
-    return sys.stdout.isatty()
