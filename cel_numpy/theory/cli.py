@@ -8,7 +8,7 @@ import sys
 
 from cel_numpy.theory.train import TrainConfig
 
-DEFAULT_SWEEP_SCALES = "1e-4,1e-3,1e-2,1e-1,3e-1"
+DEFAULT_SWEEP_SCALES = "1e-4,1e-3,1e-2,1e-1,3e-1,1"
 
 
 def register(subparsers) -> None:
