@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cel_numpy.theory.data import C_TYPE, S_TYPE, TASK_A, TASK_B, Batch, WorldConfig, feature_directions, sample_batch
-from cel_numpy.theory.model import loss_of, theory_forward
+from cel_numpy.theory.model import loss_of, mse_forward, readout, theory_forward
 
 # --------------------------------------------------------------------------- closed forms
 
@@ -160,9 +160,18 @@ def ablate(params: dict, data: HeldOut, head_sets) -> list[Ablation]:
     """Zero-ablate each head set (an iterable of tuples of head ids) and compare with intact.
 
     The same held-out samples serve every set, so the deltas are paired differences.
+    The attention runs once per task: an ablation only changes the head mask, so each set
+    reuses the intact per-head outputs and re-runs `readout` (head_mask_forward + sum).
     """
     H = params["K"].shape[0]
-    intact_a, intact_b = task_losses(params, data)
+    _, cache_a = theory_forward(params, data.a)
+    _, cache_b = theory_forward(params, data.b)
+    z_a, z_b = cache_a.head_mask.z, cache_b.head_mask.z  # (B, H, 1, 1) intact per-head outputs
+
+    def losses(mask: np.ndarray) -> tuple[float, float]:
+        return mse_forward(readout(z_a, mask)[0], data.a.y)[0], mse_forward(readout(z_b, mask)[0], data.b.y)[0]
+
+    intact_a, intact_b = losses(np.ones(H))
     out = []
     for heads in head_sets:
         heads = tuple(sorted(int(h) for h in heads))
@@ -170,7 +179,7 @@ def ablate(params: dict, data: HeldOut, head_sets) -> list[Ablation]:
             raise ValueError(f"head set {heads} is not a set of distinct heads in 0..{H - 1}")
         mask = np.ones(H)
         mask[list(heads)] = 0.0
-        loss_a, loss_b = task_losses(params, data, mask)
+        loss_a, loss_b = losses(mask)
         out.append(Ablation(heads, loss_a, loss_b, loss_a - intact_a, loss_b - intact_b))
     return out
 

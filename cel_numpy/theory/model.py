@@ -64,8 +64,7 @@ def theory_forward(params: dict, batch: Batch, head_mask: np.ndarray | None = No
     q = np.broadcast_to(K[None, :, None, :], (B, H, 1, T))  # (H, T) -> (B, H, 1, T)
     v = (V @ batch.z.transpose(0, 2, 1))[..., None]  # (H, m) @ (B, m, N) -> (B, H, N) -> (B, H, N, 1)
     z_heads, att_cache = softmax_attention_forward(q, onehot, v, scale=1.0)  # (B, H, 1, 1)
-    z_masked, hm_cache = head_mask_forward(z_heads, head_mask)  # (B, H, 1, 1)
-    y_hat = z_masked[:, :, 0, 0].sum(axis=1)  # (B, H) -> (B,)
+    y_hat, hm_cache = readout(z_heads, head_mask)  # (B,)
     cache = TheoryCache(
         onehot=onehot,
         z_content=batch.z,
@@ -74,6 +73,17 @@ def theory_forward(params: dict, batch: Batch, head_mask: np.ndarray | None = No
         head_mask=hm_cache,
     )
     return y_hat, cache
+
+
+def readout(z_heads: np.ndarray, head_mask: np.ndarray):
+    """y_hat = sum_h m_h o_h.   z_heads (B, H, 1, 1), head_mask (H,) -> y_hat (B,), HeadMaskCache.
+
+    The last step of `theory_forward`, on its own so ablations can reuse the intact per-head
+    outputs (`cache.head_mask.z`): everything before the mask is unchanged by an ablation.
+    """
+    z_masked, hm_cache = head_mask_forward(z_heads, head_mask)  # (B, H, 1, 1)
+    y_hat = z_masked[:, :, 0, 0].sum(axis=1)  # (B, H) -> (B,)
+    return y_hat, hm_cache
 
 
 def theory_backward(dy_hat: np.ndarray, cache: TheoryCache):
