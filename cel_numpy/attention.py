@@ -21,6 +21,7 @@ Parameters of `attention_forward` (a dict; `grads` has the same keys and shapes)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -254,7 +255,7 @@ def attention_forward(
         n_past = past_kv[0].shape[2]
         k = np.concatenate([past_kv[0], k], axis=2)  # (B, G, S, E)
         v = np.concatenate([past_kv[1], v], axis=2)  # (B, G, S, E)
-    z, core = softmax_attention_forward(q, k, v, scale=1.0 / np.sqrt(E), mask=mask)  # (B, H, T, E)
+    z, core = softmax_attention_forward(q, k, v, scale=1.0 / math.sqrt(E), mask=mask)  # (B, H, T, E)
     head = None
     z_masked = z
     if head_mask is not None:

@@ -13,11 +13,13 @@ batch shape (usually (B, T)), D the feature size.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-GELU_C = np.sqrt(2.0 / np.pi)  # GPT-2's tanh approximation constant
+# A Python float, not np.float64: NumPy 2 would promote float32 arrays multiplied by a NumPy scalar.
+GELU_C = math.sqrt(2.0 / math.pi)  # GPT-2's tanh approximation constant
 
 
 # --------------------------------------------------------------------------- linear

@@ -275,3 +275,17 @@ def test_bad_group_count_is_a_clear_error(rng):
     with pytest.raises(ValueError, match="must divide"):
         at.softmax_attention_forward(rng.standard_normal((1, 4, 2, 3)), rng.standard_normal((1, 3, 2, 3)),
                                      rng.standard_normal((1, 3, 2, 3)), scale=1.0)
+
+
+def test_float32_stays_float32(rng):
+    # NumPy 2 promotes float32 arrays times an np.float64 scalar: constants must be Python floats.
+    x = rng.standard_normal((2, 3, 6)).astype(np.float32)
+    assert ops.gelu_forward(x)[0].dtype == np.float32
+    assert ops.silu_forward(x)[0].dtype == np.float32
+    assert ops.layer_norm_forward(x, np.ones(6, np.float32), np.zeros(6, np.float32), 1e-5)[0].dtype == np.float32
+    assert ops.rms_norm_forward(x, np.ones(6, np.float32), 1e-5)[0].dtype == np.float32
+    params = {k: v.astype(np.float32) for k, v in make_params(rng).items()}
+    rot = at.rotary_tables(np.zeros((2, 3), int), 3, 1e4, dtype=np.float32)
+    out, cache = at.attention_forward(params, x, mask=at.causal_mask(3), head_mask=np.ones(4, np.float32))
+    assert out.dtype == np.float32 and cache.probs.dtype == np.float32 and cache.z.dtype == np.float32
+    assert rot.cos.dtype == np.float32
