@@ -104,10 +104,13 @@ class LMEvaluator:
     reference_items required for mean ablation (the routine passes the discovery panel)
     batch_size      prompts per forward; results do not depend on it (left padding + mask)
     spec, file_identity  recorded in `identity()` (the CLI passes the file's sha256 and size)
+    fast            True (default): `evaluate_many` shares work across conditions
+                    (`cel_numpy.localize.fast`, exact); False: the naive reference, one independent
+                    evaluation per condition (`evaluate_naive`). Same results either way.
     """
 
     def __init__(self, model, task, *, ablation: str = "zero", reference_items=None, batch_size: int = 16,
-                 spec: str = "", file_identity: dict | None = None):
+                 spec: str = "", file_identity: dict | None = None, fast: bool = True):
         if ablation not in ("zero", "mean"):
             raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
         if ablation == "mean" and not reference_items:
@@ -116,6 +119,7 @@ class LMEvaluator:
         self.task = task
         self.ablation = ablation
         self.batch_size = int(batch_size)
+        self.fast = bool(fast)
         self.n_layers = int(model.config.n_layers)
         self.n_heads = int(model.config.n_heads)
         self.spec = spec
@@ -151,6 +155,10 @@ class LMEvaluator:
         return {"ablate": list(cond), "ablation": self.ablation, "mean_z": self.mean_z}
 
     def evaluate_many(self, items, conditions):
+        if self.fast:
+            from cel_numpy.localize.fast import evaluate_many_fast
+
+            return evaluate_many_fast(self, items, conditions)
         return evaluate_naive(self.evaluate_condition, items, conditions)
 
     def evaluate_condition(self, items: Sequence[Item], cond: Condition) -> list[ExampleResult]:
