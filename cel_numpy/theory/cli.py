@@ -76,6 +76,8 @@ def format_table(summary: dict) -> str:
         f"{'joint':8s} {summary['joint_loss']:9.4f} {cf['joint']:12.4f}",
         f"{'task A':8s} {tl['a']:9.4f} {cf['a']:12.4f}",
         f"{'task B':8s} {tl['b']:9.4f} {cf['b']:12.4f}",
+        f"joint loss with z integrated exactly: {summary['joint_loss_integrated']:.4f}"
+        f" ({summary['joint_loss_integrated'] / cf['joint'] - 1:+.2%} vs closed form)" if cf["joint"] > 0 else "",
         f"concentration index: {summary['concentration']:.3f} (c-feature head: {summary['c_head']})",
         "",
         f"{'head':>4s} {'c-loading':>10s} {'s-loading':>10s} {'ablate dA':>10s} {'ablate dB':>10s}",
