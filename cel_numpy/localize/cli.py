@@ -50,6 +50,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="prompts per forward (default 16; no effect on results)")
     p.add_argument("--tau", type=float, default=1.0, help="theory only: correct iff |y_hat - y| < tau (default 1.0)")
     p.add_argument("--theory-seed", type=int, default=0, help="theory only: training seed (default 0)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="evaluate condition chunks in N processes (default 1: sequential; results are identical)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
 
@@ -156,10 +158,21 @@ def run(args) -> int:
         task, cross, make_evaluator = theory_setup(args)
     else:
         task, cross, make_evaluator = lm_setup(args)
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    executor = None
+    if args.workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        executor = ProcessPoolExecutor(max_workers=args.workers)
     loc = Localizer(args.out, make_evaluator, task, n_discovery=args.discovery, n_heldout=args.heldout,
-                    seed=args.seed, cross_tasks=cross, progress=not args.quiet,
+                    seed=args.seed, cross_tasks=cross, progress=not args.quiet, executor=executor,
                     command="cel-numpy " + " ".join(sys.argv[1:]))
-    results = loc.run(args.stage)
+    try:
+        results = loc.run(args.stage)
+    finally:
+        if executor is not None:
+            executor.shutdown()
     if "report" in results:
         p = results["report"]["primary"]
         ho = p["heldout"]

@@ -130,6 +130,16 @@ class LMEvaluator:
             self.mean_z = model.mean_z([self._encode(it.prompt) for it in reference_items])  # (L, H, E)
             self.reference_ids = [it.id for it in reference_items]
 
+    def __reduce__(self):
+        """Pickle a model loaded from a spec as the spec (a worker loads it once and caches it);
+        a model built in memory travels by value. Mean ablation ships its mean z."""
+        if self.spec and getattr(self.model, "source", None) and self.model.tokenizer is not None:
+            state = dict(spec=self.spec, task=self.task, ablation=self.ablation, batch_size=self.batch_size,
+                         file_identity=self.file_identity, fast=self.fast, mean_z=self.mean_z,
+                         reference_ids=self.reference_ids)
+            return (_lm_evaluator_from_spec, (state,))
+        return object.__reduce__(self)
+
     def identity(self) -> dict:
         ident = {
             "kind": "lm",
@@ -220,6 +230,21 @@ class LMEvaluator:
             chosen = it.choices[int(np.argmax(scores[i, : len(it.choices)]))]
             out.append(ExampleResult(it.id, bool(self.task.is_correct(it, chosen)), chosen))
         return out
+
+
+_WORKER_MODELS: dict = {}  # spec -> Model, one load per worker process
+
+
+def _lm_evaluator_from_spec(state: dict) -> "LMEvaluator":
+    from cel_numpy.models.loaders import load_model
+
+    spec = state["spec"]
+    if spec not in _WORKER_MODELS:
+        _WORKER_MODELS[spec] = load_model(spec)
+    ev = LMEvaluator(_WORKER_MODELS[spec], state["task"], batch_size=state["batch_size"], spec=spec,
+                     file_identity=state["file_identity"], fast=state["fast"])
+    ev.ablation, ev.mean_z, ev.reference_ids = state["ablation"], state["mean_z"], state["reference_ids"]
+    return ev
 
 
 # =========================================================================== theory world

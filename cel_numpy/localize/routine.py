@@ -90,6 +90,11 @@ def _as_scored(d: dict) -> Scored:
     return Scored(normalize_condition(d["heads"]), d["correct"], d["rescued"], d["damaged"])
 
 
+def evaluate_chunk(evaluator, items, conditions):
+    """What an executor runs: `evaluator.evaluate_many(items, conditions)` (picklable by reference)."""
+    return evaluator.evaluate_many(items, conditions)
+
+
 class Localizer:
     """One run of the routine in one run directory (see the module docstring)."""
 
@@ -194,7 +199,11 @@ class Localizer:
         if self.executor is not None:
             for chunk in chunks:  # evaluators are created here, before any worker needs them
                 self._evaluator_for(chunk[0].panel)
-            futures = [self.executor.submit(compute, chunk) for chunk in chunks]
+            # a module-level function and picklable arguments: works with thread, process and
+            # cluster executors (Dask's Client.get_executor()) alike
+            futures = [self.executor.submit(evaluate_chunk, self._evaluator_for(chunk[0].panel),
+                                            self.panels[chunk[0].panel], [b.condition for b in chunk])
+                       for chunk in chunks]
             results_iter = (f.result() for f in futures)
         else:
             results_iter = (compute(chunk) for chunk in chunks)
