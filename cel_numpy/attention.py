@@ -64,10 +64,15 @@ class SoftmaxAttentionCache:
     scale: float
 
 
-def _group(a: np.ndarray, G: int) -> np.ndarray:
-    """(B, H, ...) -> (B, G, H // G, ...): query head h = g * (H // G) + r."""
-    B, H = a.shape[:2]
-    return a.reshape(B, G, H // G, *a.shape[2:])
+def _fold(a: np.ndarray, G: int) -> np.ndarray:
+    """(B, H, T, X) -> (B, G, (H // G) * T, X): the heads sharing group g stacked along T.
+
+    Query head h = g * (H // G) + r lives in group g. Stacking a group's heads along the row
+    axis turns H/G small matrix products into one larger one per (batch, group): the same
+    numbers, ~2x faster for GQA and the theory model's shared keys.
+    """
+    B, H, T, X = a.shape
+    return a.reshape(B, G, (H // G) * T, X)
 
 
 def _check_groups(H: int, G: int, what: str) -> None:
@@ -87,30 +92,36 @@ def softmax_attention_forward(q, k, v, *, scale: float, mask: np.ndarray | None 
     Gv = v.shape[1]
     _check_groups(H, Gk, "k")
     _check_groups(H, Gv, "v")
-    qg = _group(q, Gk)  # (B, Gk, H/Gk, T, E)
-    scores = qg @ k[:, :, None].swapaxes(-1, -2)  # (B, Gk, H/Gk, T, E) @ (B, Gk, 1, E, S) -> (.., T, S)
+    scores = _fold(q, Gk) @ k.swapaxes(-1, -2)  # (B, Gk, H/Gk*T, E) @ (B, Gk, E, S) -> (B, Gk, H/Gk*T, S)
     scores = scores.reshape(B, H, T, S) * scale  # (B, H, T, S)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
     probs, sm_cache = softmax_forward(scores, axis=-1)  # (B, H, T, S)
-    z = _group(probs, Gv) @ v[:, :, None]  # (B, Gv, H/Gv, T, S) @ (B, Gv, 1, S, Ev) -> (.., T, Ev)
+    z = _fold(probs, Gv) @ v  # (B, Gv, H/Gv*T, S) @ (B, Gv, S, Ev) -> (B, Gv, H/Gv*T, Ev)
     z = z.reshape(B, H, T, v.shape[-1])  # (B, H, T, Ev)
     return z, SoftmaxAttentionCache(q=q, k=k, v=v, probs=probs, softmax=sm_cache, scale=scale)
 
 
-def softmax_attention_backward(dz: np.ndarray, cache: SoftmaxAttentionCache):
-    """dz (B, H, T, Ev) -> dq (B, H, T, E), dk (B, Gk, S, E), dv (B, Gv, S, Ev)."""
+def softmax_attention_backward(dz: np.ndarray, cache: SoftmaxAttentionCache, *, need_dk: bool = True):
+    """dz (B, H, T, Ev) -> dq (B, H, T, E), dk (B, Gk, S, E), dv (B, Gv, S, Ev).
+
+    need_dk=False skips the key gradient and returns None for it (the theory model's keys are
+    fixed one-hot types; the key gradient would be a third of its training step).
+    """
     q, k, v, probs = cache.q, cache.k, cache.v, cache.probs
     B, H, T, E = q.shape
+    S = k.shape[2]
     Gk, Gv = k.shape[1], v.shape[1]
-    dz_g = _group(dz, Gv)  # (B, Gv, H/Gv, T, Ev)
-    dprobs = dz_g @ v[:, :, None].swapaxes(-1, -2)  # (.., T, Ev) @ (B, Gv, 1, Ev, S) -> (.., T, S)
-    dv = (_group(probs, Gv).swapaxes(-1, -2) @ dz_g).sum(axis=2)  # (B, Gv, S, Ev)
-    dscores = softmax_backward(dprobs.reshape(B, H, T, -1), cache.softmax)  # (B, H, T, S); 0 where masked
+    dz_f = _fold(dz, Gv)  # (B, Gv, H/Gv*T, Ev)
+    dprobs = dz_f @ v.swapaxes(-1, -2)  # (B, Gv, H/Gv*T, Ev) @ (B, Gv, Ev, S) -> (B, Gv, H/Gv*T, S)
+    dv = _fold(probs, Gv).swapaxes(-1, -2) @ dz_f  # (B, Gv, S, H/Gv*T) @ (.., H/Gv*T, Ev) -> (B, Gv, S, Ev)
+    dscores = softmax_backward(dprobs.reshape(B, H, T, S), cache.softmax)  # (B, H, T, S); 0 where masked
     dscores = dscores * cache.scale
-    dscores_g = _group(dscores, Gk)  # (B, Gk, H/Gk, T, S)
-    dq = (dscores_g @ k[:, :, None]).reshape(B, H, T, E)  # (B, H, T, E)
-    dk = (dscores_g.swapaxes(-1, -2) @ _group(q, Gk)).sum(axis=2)  # (B, Gk, S, E)
+    dscores_f = _fold(dscores, Gk)  # (B, Gk, H/Gk*T, S)
+    dq = (dscores_f @ k).reshape(B, H, T, E)  # (B, Gk, H/Gk*T, S) @ (B, Gk, S, E) -> (B, H, T, E)
+    dk = None
+    if need_dk:
+        dk = dscores_f.swapaxes(-1, -2) @ _fold(q, Gk)  # (B, Gk, S, H/Gk*T) @ (.., H/Gk*T, E) -> (B, Gk, S, E)
     return dq, dk, dv
 
 

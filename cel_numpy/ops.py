@@ -182,8 +182,8 @@ def softmax_forward(x: np.ndarray, axis: int = -1):
     (the attention masks always keep at least the diagonal).
     """
     x_max = np.max(x, axis=axis, keepdims=True)
-    e = np.exp(x - x_max)
-    probs = e / np.sum(e, axis=axis, keepdims=True)
+    probs = np.exp(x - x_max)
+    probs /= np.sum(probs, axis=axis, keepdims=True)  # in place: one temporary fewer
     return probs, SoftmaxCache(probs=probs, axis=axis)
 
 

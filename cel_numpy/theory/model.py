@@ -60,9 +60,11 @@ def theory_forward(params: dict, batch: Batch, head_mask: np.ndarray | None = No
     B, N = batch.types.shape
     if head_mask is None:
         head_mask = np.ones(H)
-    onehot = np.eye(T)[batch.types][:, None]  # (B, N) -> (B, 1, N, T)
+    onehot = (batch.types[:, None, :, None] == np.arange(T)).astype(K.dtype)  # (B, N) -> (B, 1, N, T)
     q = np.broadcast_to(K[None, :, None, :], (B, H, 1, T))  # (H, T) -> (B, H, 1, T)
-    v = (V @ batch.z.transpose(0, 2, 1))[..., None]  # (H, m) @ (B, m, N) -> (B, H, N) -> (B, H, N, 1)
+    m = V.shape[1]
+    v = (batch.z.reshape(B * N, m) @ V.T).reshape(B, N, H)  # (B*N, m) @ (m, H) -> (B, N, H)
+    v = v.transpose(0, 2, 1)[..., None]  # (B, N, H) -> (B, H, N, 1)
     z_heads, att_cache = softmax_attention_forward(q, onehot, v, scale=1.0)  # (B, H, 1, 1)
     y_hat, hm_cache = readout(z_heads, head_mask)  # (B,)
     cache = TheoryCache(
@@ -91,7 +93,7 @@ def theory_backward(dy_hat: np.ndarray, cache: TheoryCache):
     B, H = cache.head_outputs.shape
     dz_masked = np.broadcast_to(dy_hat[:, None, None, None], (B, H, 1, 1))  # (B,) -> (B, H, 1, 1)
     dz_heads, dhead_mask = head_mask_backward(dz_masked, cache.head_mask)  # (B, H, 1, 1), (H,)
-    dq, _donehot, dv = softmax_attention_backward(dz_heads, cache.attention)  # (B,H,1,T), -, (B,H,N,1)
+    dq, _, dv = softmax_attention_backward(dz_heads, cache.attention, need_dk=False)  # (B,H,1,T), -, (B,H,N,1)
     dK = dq[:, :, 0, :].sum(axis=0)  # (B, H, 1, T) -> (H, T): q broadcast K over the batch
     dV = np.tensordot(dv[..., 0], cache.z_content, axes=([0, 2], [0, 1]))  # (B, H, N),(B, N, m) -> (H, m)
     return {"K": dK, "V": dV}, dhead_mask
