@@ -1,0 +1,28 @@
+"""The README's promises: its Python example runs as written, and CI runs the README's test command."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_readme_python_example_runs(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+    assert blocks, "README has no ```python example"
+    namespace: dict = {}
+    exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(" Paris"), f"README example should continue with ' Paris', got {out[0]!r}"
+    logits = namespace["logits"]
+    assert logits.shape[:2] == namespace["ids_batch"].shape
+    assert "blocks.3.attn.pattern" in namespace["cache"].names()
+
+
+def test_ci_runs_the_readme_test_command():
+    commands = re.findall(r"^(make \w+)\s+#", README, flags=re.M)
+    assert "make test" in commands and "make demo" in commands, commands
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    steps = [line for line in ci if line and not line.startswith("#") and line not in ("set -e",)]
+    assert steps[-1] == "make test", f".ci/run must end by running the README's test command, got {steps}"
+    assert all(s.startswith("cd ") for s in steps[:-1]), f".ci/run runs more than the README says: {steps}"
