@@ -17,10 +17,12 @@ import shlex
 import sys
 from pathlib import Path
 
-# A small, few-minute localization: a choice-scored task (one forward per candidate, no generation).
+# A small, few-minute localization: a choice-scored task (no generation), small panels, both cores.
+# These panels only show the routine working; the README's results use larger ones.
 DEMO_TASK = "agreement"
-DEMO_DISCOVERY = 60
-DEMO_HELDOUT = 120
+DEMO_DISCOVERY = 20
+DEMO_HELDOUT = 80
+DEMO_WORKERS = 2
 DEMO_PROMPT = "The capital of France is"
 
 
@@ -30,6 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("--task", default=DEMO_TASK, help=f"task for the SmolLM2 localization (default {DEMO_TASK})")
     p.add_argument("--discovery", type=int, default=DEMO_DISCOVERY, help=f"discovery panel size (default {DEMO_DISCOVERY})")
     p.add_argument("--heldout", type=int, default=DEMO_HELDOUT, help=f"held-out panel size (default {DEMO_HELDOUT})")
+    p.add_argument("--workers", type=int, default=DEMO_WORKERS, help=f"worker processes (default {DEMO_WORKERS})")
     p.add_argument("--theory-only", action="store_true", help="skip the SmolLM2 steps (no download)")
     p.set_defaults(func=run)
 
@@ -56,7 +59,7 @@ def run(args) -> int:
     _step(
         f"2/3 localize on SmolLM2-135M-Instruct, task {args.task}",
         ["localize", "--model", "smollm2", "--task", args.task, "--discovery", str(args.discovery),
-         "--heldout", str(args.heldout), "--cross-tasks", "none", "--out", str(loc)],
+         "--heldout", str(args.heldout), "--cross-tasks", "none", "--workers", str(args.workers), "--out", str(loc)],
     )
     report = json.loads((loc / "report.json").read_text())
     heads = report["primary"]["heads"]
