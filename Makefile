@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench bench-forward clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_theory.py
+
+bench-forward: $(STAMP)  # with torch + transformers installed, also times the reference
+	$(BIN)/python bench/bench_forward.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -397,11 +397,14 @@ def ablated_states(prep: Prepared, intact: IntactState, conds: Sequence[Conditio
 
 def ablated_readout(prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray, conds: Sequence[Condition],
                     fill: np.ndarray | None = None, *, readout: slice = slice(-1, None),
-                    columns: np.ndarray | None = None, max_rows: int = 4096) -> list[np.ndarray]:
+                    columns: np.ndarray | None = None, max_rows: int = 4096,
+                    reduce: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
     """Logits (B, T', V or C) at the `readout` positions for each condition (in the given order).
 
     Conditions are processed in sorted order (shared prefixes are neighbours), in waves of at
-    most `max_rows` token rows (B T per condition) to bound memory.
+    most `max_rows` token rows (B T per condition) to bound memory. `reduce` (e.g. an argmax)
+    is applied to each condition's logits as its wave finishes, so full-vocabulary logits of
+    hundreds of conditions are never held at once.
     """
     ids = np.asarray(ids)
     intact = intact_pass(prep, ids, attention_mask, readout)
@@ -415,7 +418,8 @@ def ablated_readout(prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray,
         stacked = _unembed(prep, np.concatenate([final[c] for c in wave]), columns)  # (n B, T', C)
         B = ids.shape[0]
         for i, c in enumerate(wave):
-            logits[c] = stacked[i * B : (i + 1) * B]
+            lg = stacked[i * B : (i + 1) * B]
+            logits[c] = lg if reduce is None else reduce(lg)
     return [logits[c] for c in conds]
 
 
