@@ -126,6 +126,18 @@ def _errorbars(ax, xs, entries, **kw):
     ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, **kw)
 
 
+def _finish_finalist_axes(plt, fig, ax, fin: list, title: str, path: Path, legend_size: int) -> None:
+    """Zero line, one tick per finalist, labels and legend; save and close the figure."""
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(1, len(fin) + 1), [f["name"] for f in fin], rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("gain rate, 95% interval")
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def plot_finalists(report: dict, path: Path) -> None:
     plt = _plt()
     fin = report["finalists"]
@@ -133,14 +145,7 @@ def plot_finalists(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(fin) + 2), 3.6))
     _errorbars(ax, [x - 0.12 for x in xs], [f["discovery"] for f in fin], label="discovery (vs baseline)")
     _errorbars(ax, [x + 0.12 for x in xs], [f["heldout"] for f in fin], label="held-out")
-    ax.axhline(0, color="grey", linewidth=0.8)
-    ax.set_xticks(xs, [f["name"] for f in fin], rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("gain rate, 95% interval")
-    ax.set_title("finalists in discovery order")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish_finalist_axes(plt, fig, ax, fin, "finalists in discovery order", path, legend_size=8)
 
 
 def plot_crosstask(report: dict, path: Path) -> None:
@@ -153,14 +158,8 @@ def plot_crosstask(report: dict, path: Path) -> None:
     for j, t in enumerate(tasks):
         entries = [f["heldout"] for f in fin] if j == 0 else [f["crosstask"][t] for f in fin]
         _errorbars(ax, [x - 0.4 + width * (j + 0.5) for x in xs], entries, label=t)
-    ax.axhline(0, color="grey", linewidth=0.8)
-    ax.set_xticks(xs, [f["name"] for f in fin], rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("gain rate, 95% interval")
-    ax.set_title("does the gain cost elsewhere? finalists on every task")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish_finalist_axes(plt, fig, ax, fin, "does the gain cost elsewhere? finalists on every task", path,
+                          legend_size=7)
 
 
 # --------------------------------------------------------------------------- markdown

@@ -50,6 +50,7 @@ from typing import Sequence
 
 from cel_numpy.cli import UserError
 from cel_numpy.localize.evaluate import Condition, ExampleResult, normalize_condition
+from cel_numpy.models.fetch import sha256_file
 from cel_numpy.tasks.base import Item
 
 FORMAT = "cel-numpy.localize/1"
@@ -57,14 +58,6 @@ FORMAT = "cel-numpy.localize/1"
 
 class RunDirError(UserError):
     """Something in the run directory does not validate (one line; names the file)."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def items_hash(items: Sequence[Item]) -> str:

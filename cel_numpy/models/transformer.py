@@ -144,7 +144,6 @@ class MLPActivations:
 
 def mlp_forward(p: dict, x: np.ndarray, config: ModelConfig):
     """x (B, T, D) -> out (B, T, D), MLPActivations."""
-    dtype = x.dtype
     if config.family == "gpt2":
         pre = _matmul(x, p["W_in"], p.get("b_in"))  # (B, T, F)
         post, _ = gelu_forward(pre)
@@ -154,7 +153,6 @@ def mlp_forward(p: dict, x: np.ndarray, config: ModelConfig):
         up = _matmul(x, p["W_in"], p.get("b_in"))  # (B, T, F)
         gate, _ = silu_forward(pre)
         post = gate * up  # (B, T, F)
-    post = post.astype(dtype, copy=False)  # ops may promote float32 via a NumPy float64 constant
     out = _matmul(post, p["W_out"], p.get("b_out"))  # (B, T, D)
     return out, MLPActivations(pre=pre, up=up, post=post)
 
@@ -189,7 +187,6 @@ def block_forward(
     head_mask (H,) multiplies each head's z before W_O; head_fill (H, E) replaces a removed
     head (mean ablation). past_kv = (k, v), each (B, G, S_past, E).
     """
-    dtype = x.dtype
     ln1_out, _ = norm_forward(p["ln1"], x, config)  # (B, T, D)
     attn_out, attn = attention_forward(
         p["attn"],
@@ -200,7 +197,6 @@ def block_forward(
         head_fill=head_fill,
         past_kv=past_kv,
     )  # (B, T, D)
-    attn_out = attn_out.astype(dtype, copy=False)  # see mlp_forward
     resid_mid = x + attn_out  # (B, T, D)
     ln2_out, _ = norm_forward(p["ln2"], resid_mid, config)  # (B, T, D)
     mlp_out, mlp = mlp_forward(p["mlp"], ln2_out, config)  # (B, T, D)
