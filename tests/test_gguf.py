@@ -34,7 +34,7 @@ from cel_numpy.cli import UserError
 from cel_numpy.models.loaders import permute_rotary_rows, unpermute_rotary_rows
 from cel_numpy.models.transformer import flatten_params
 
-gguf = pytest.importorskip("gguf")  # a core dependency; importorskip only for a clear message
+import gguf  # noqa: E402  - a core dependency: a missing install must fail, not skip
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf.quants import quantize  # noqa: E402
 
