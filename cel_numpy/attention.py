@@ -283,10 +283,13 @@ def attention_forward(
     return out, cache
 
 
-def attention_backward(dout: np.ndarray, params: dict, cache: AttentionCache):
-    """dout (B, T, D) -> dx (B, T, D), grads (same keys as params), dhead_mask (H,) or None.
+def attention_backward(dout: np.ndarray, params: dict, cache: AttentionCache, *, fill: np.ndarray | None = None):
+    """dout (B, T, D) -> dx (B, T, D), grads (same keys as params), dhead_mask (H,).
 
-    With past_kv, gradients flow to this call's positions only (the past is a constant).
+    dhead_mask_h = dLoss/dm_h = sum(dz'_h * (z_h - fill_h)). A forward run without a head mask
+    is the mask of ones; its removed value is `fill` (H, E) here (zero when None), since the
+    forward had none to keep. With past_kv, gradients flow to this call's positions only
+    (the past is a constant).
     """
     W_O = params["W_O"]
     B, H, T, E = cache.z.shape
@@ -298,10 +301,11 @@ def attention_backward(dout: np.ndarray, params: dict, cache: AttentionCache):
     if "b_O" in params:
         grads["b_O"] = dout_flat.sum(axis=0)  # (D,)
     dz_masked = (dout_flat @ W_O.reshape(H * E, D).T).reshape(B, T, H, E).transpose(0, 2, 1, 3)
-    dhead_mask = None
-    dz = dz_masked
     if cache.head is not None:
         dz, dhead_mask = head_mask_backward(dz_masked, cache.head)
+    else:  # mask of ones: z' = z, and z' would move towards fill as m_h leaves 1
+        ones = HeadMaskCache(z=cache.z, head_mask=np.ones(H, dtype=cache.z.dtype), fill=fill)
+        dz, dhead_mask = head_mask_backward(dz_masked, ones)
     dq, dk, dv = softmax_attention_backward(dz, cache.core)  # (B,H,T,E), (B,G,S,E), (B,G,S,E)
     dk = dk[:, :, cache.n_past :]  # (B, G, T, E)
     dv = dv[:, :, cache.n_past :]  # (B, G, T, E)

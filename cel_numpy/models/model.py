@@ -208,8 +208,16 @@ class Model:
         if ablation not in ABLATIONS:
             raise UserError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
         head_mask = self.head_mask(ablate)
-        if head_mask is None or ablation == "zero":
-            return head_mask, None
+        if head_mask is None:
+            return None, None
+        return head_mask, self.ablation_fill(ablation, reference, mean_z)
+
+    def ablation_fill(self, ablation: str = "zero", reference=None, mean_z=None) -> np.ndarray | None:
+        """What a removed head's z becomes: None (zero ablation) or mean_z (L, H, E) (mean)."""
+        if ablation not in ABLATIONS:
+            raise UserError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
+        if ablation == "zero":
+            return None
         if mean_z is None:
             if reference is None:
                 raise UserError("mean ablation needs reference=... (token ids of a reference batch) or mean_z=...")
@@ -217,7 +225,7 @@ class Model:
         c = self.config
         if np.shape(mean_z) != (c.n_layers, c.n_heads, c.d_head):
             raise ValueError(f"mean_z must be (L, H, E) = {(c.n_layers, c.n_heads, c.d_head)}, got {np.shape(mean_z)}")
-        return head_mask, np.asarray(mean_z, dtype=self.dtype)
+        return np.asarray(mean_z, dtype=self.dtype)
 
     # ------------------------------------------------------------------ forward
 
@@ -247,6 +255,51 @@ class Model:
             keep_activations=False, logit_positions=slice(-1, None),
         )  # fmt: skip
         return logits[:, -1]  # (B, V)
+
+    # ------------------------------------------------------------------ gradients
+
+    def loss_and_grads(
+        self, ids, targets, attention_mask=None, *, head_mask=None, ablation="zero", reference=None, mean_z=None
+    ) -> tuple[float, dict]:
+        """Mean next-token cross-entropy over the scored positions, and its gradients.
+
+        ids: (B, T) array or list of id lists (left-padded here). targets: same shape as ids, or
+        list of lists of the same lengths; targets[b, t] is the token logits[b, t] should predict,
+        negative = not scored. head_mask (L, H) floats (ones when None): z_h -> m z_h + (1 - m) fill_h,
+        fill = 0 (zero ablation) or the head's mean output (mean). Run in float64 for gradient checks.
+
+        Returns loss, grads: the parameter gradients keyed exactly like `params` (a tied
+        unembedding holds the total gradient under both keys), plus grads["head_mask"] (L, H) =
+        dloss/dm. Removing head h changes the loss by about -m_h * grads["head_mask"][l, h].
+        """
+        from cel_numpy.models.backward import IGNORE, cross_entropy_loss, transformer_backward
+
+        if isinstance(ids, np.ndarray):
+            batch, mask = self.as_batch(ids, attention_mask)
+            targets = np.asarray(targets)
+        else:
+            seqs, rows = [list(s) for s in ids], [list(t) for t in targets]
+            if [len(s) for s in seqs] != [len(t) for t in rows]:
+                raise ValueError("targets must have the same lengths as ids, row by row")
+            batch, mask = self.pad(seqs)
+            T = batch.shape[1]
+            targets = np.full(batch.shape, IGNORE, dtype=np.int64)
+            for b, t in enumerate(rows):
+                targets[b, T - len(t) :] = t
+        c = self.config
+        if head_mask is None:
+            head_mask = np.ones((c.n_layers, c.n_heads))
+        head_mask = np.asarray(head_mask, dtype=self.dtype)
+        if head_mask.shape != (c.n_layers, c.n_heads):
+            raise InvalidHeadError(f"head_mask must be (L, H) = {(c.n_layers, c.n_heads)}, got {head_mask.shape}")
+        head_fill = self.ablation_fill(ablation, reference, mean_z)  # (L, H, E) or None
+        logits, cache = transformer_forward(
+            self.params, c, batch, mask, head_mask=head_mask, head_fill=head_fill
+        )  # (B, T, V)
+        loss, dlogits = cross_entropy_loss(logits, targets)
+        grads, dhead_mask = transformer_backward(dlogits, self.params, c, cache, batch, head_fill=head_fill)
+        grads["head_mask"] = dhead_mask
+        return loss, grads
 
     # ------------------------------------------------------------------ generation
 
