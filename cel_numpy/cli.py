@@ -6,16 +6,36 @@
     cel-numpy generate  greedy generation with optional head ablations
     cel-numpy localize  the two-stage head-ablation search on a (model, task)
     cel-numpy demo      what `make demo` runs
+
+Errors: bad input of any kind (files, options, prompts, run directories; see cel_numpy.errors)
+prints exactly one line, "cel-numpy CMD: error: ...", and exits with status 2; Ctrl-C prints one
+line and exits with 130; anything else is a bug, reported in one line with exit status 1.
+`--debug` (before or after the subcommand) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
+from cel_numpy.errors import UserError, one_line
 
-class UserError(Exception):
-    """A problem with the user's input: printed as one line, exit status 2, no traceback."""
+__all__ = ["UserError", "build_parser", "main"]
+
+EXIT_USER_ERROR = 2
+EXIT_BUG = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+# What to tell the user after Ctrl-C, per subcommand (default: nothing to resume).
+INTERRUPTED = {"localize": "interrupted; rerun the same command to resume"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (not usage + error), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,26 +44,51 @@ def build_parser() -> argparse.ArgumentParser:
     from cel_numpy.models.cli import register as register_models
     from cel_numpy.theory.cli import register as register_theory
 
-    parser = argparse.ArgumentParser(prog="cel-numpy", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="cel-numpy", description=__doc__.split("\n")[0])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of any error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register_theory(sub)
     register_models(sub)
     register_localize(sub)
     register_demo(sub)
+    for p in sub.choices.values():  # `cel-numpy localize ... --debug` works too
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of any error")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    debug = args.debug or os.environ.get("CEL_NUMPY_DEBUG", "") not in ("", "0")
+    prefix = f"cel-numpy {args.command}"
     try:
         return int(args.func(args) or 0)
-    except (UserError, FileNotFoundError, PermissionError, ValueError) as err:
-        print(f"cel-numpy {args.command}: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        print(f"cel-numpy {args.command}: interrupted; finished stages are kept on disk", file=sys.stderr)
-        return 130
+        if debug:
+            raise
+        print(f"{prefix}: {INTERRUPTED.get(args.command, 'interrupted')}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (UserError, OSError, ValueError) as err:
+        # ValueError: NumPy-level checks with clear messages (e.g. a position past the context);
+        # OSError: a disk that filled up, a file that vanished -- the OS message names the file.
+        if debug:
+            raise
+        print(f"{prefix}: error: {one_line(_message(err))}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except Exception as err:  # a bug: one line here, the traceback with --debug
+        if debug:
+            raise
+        print(f"{prefix}: internal error: {type(err).__name__}: {one_line(str(err))} "
+              "(a bug in cel-numpy: rerun with --debug for the traceback and report it)", file=sys.stderr)
+        return EXIT_BUG
+
+
+def _message(err: BaseException) -> str:
+    """The user-facing text of an error: OSErrors as 'file: reason', others their message."""
+    if isinstance(err, OSError) and not isinstance(err, UserError) and err.strerror:
+        where = f"{err.filename}: " if err.filename else ""
+        return f"{where}{err.strerror}"
+    return str(err) or type(err).__name__
 
 
 if __name__ == "__main__":

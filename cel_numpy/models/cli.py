@@ -8,10 +8,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 
-from cel_numpy.cli import UserError
+from cel_numpy.errors import OptionError, PromptError
 
 
 def register(subparsers) -> None:
@@ -28,7 +29,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="smollm2", help="known name, HF folder, .gguf or .npz (default: smollm2)")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--top-k", type=int, default=5, help="show this many next-token candidates")
-    p.add_argument("--ablate", default="", help="heads to ablate as LAYER.HEAD,LAYER.HEAD (0-based), e.g. 3.1,5.0")
+    p.add_argument("--ablate", default="",
+                   help="heads to ablate as LAYER.HEAD,LAYER.HEAD (0-based), e.g. 3.1,5.0; or as a report names them, "
+                        "L3H1+L5H0")
     p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
     p.add_argument(
         "--reference",
@@ -41,25 +44,40 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_generate)
 
 
+HEAD_SPEC = re.compile(r"(?:(\d+)\.(\d+)|L(\d+)H(\d+))")  # 3.1 or L3H1 (the name in reports)
+
+
 def parse_heads(spec: str) -> list[tuple[int, int]]:
-    """'3.1,5.0' -> [(3, 1), (5, 0)]; '' -> []."""
-    heads = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        parts = item.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise UserError(f"--ablate: {item!r} is not LAYER.HEAD (e.g. 3.1)")
-        heads.append((int(parts[0]), int(parts[1])))
+    """'3.1,5.0' or 'L3H1+L5H0' -> [(3, 1), (5, 0)]; '' -> []. Malformed or repeated heads: OptionError."""
+    heads: list[tuple[int, int]] = []
+    for item in filter(None, (s.strip() for s in re.split(r"[,+]", spec))):
+        match = HEAD_SPEC.fullmatch(item)
+        if match is None:
+            raise OptionError(f"--ablate: {item!r} is not LAYER.HEAD (e.g. 3.1) or LxHy (e.g. L3H1); layers and heads count from 0")
+        layer, head = (int(g) for g in match.groups() if g is not None)
+        if (layer, head) in heads:
+            raise OptionError(f"--ablate: head {layer}.{head} is given twice")
+        heads.append((layer, head))
     return heads
 
 
-def cmd_fetch(args) -> int:
-    from cel_numpy.models.fetch import FetchError, fetch
+def check_heads(heads: list[tuple[int, int]], config) -> None:
+    """Every head exists in a model of this config (InvalidHeadError naming the sizes otherwise)."""
+    from cel_numpy.models.model import InvalidHeadError
 
-    try:
-        path = fetch(args.name)
-    except FetchError as err:
-        raise UserError(str(err)) from None
-    print(path)
+    L, H = config.n_layers, config.n_heads
+    for layer, head in heads:
+        if not (layer < L and head < H):
+            raise InvalidHeadError(
+                f"--ablate: head ({layer}, {head}) out of range: the model has {L} layers x {H} heads, "
+                f"0.0 to {L - 1}.{H - 1} (0-based)"
+            )
+
+
+def cmd_fetch(args) -> int:
+    from cel_numpy.models.fetch import fetch
+
+    print(fetch(args.name))
     return 0
 
 
@@ -74,12 +92,11 @@ def _storage(path) -> str:
 
         counts = gguf_storage(path)
     elif path.is_dir():
-        from cel_numpy.models.loaders import _open_safetensors, safetensors_files
+        from cel_numpy.models.loaders import safetensors_entries
 
-        for name, file in safetensors_files(path).items():
-            with _open_safetensors(file) as f:
-                sl = f.get_slice(name)
-                counts[sl.get_dtype()] = counts.get(sl.get_dtype(), 0) + int(np.prod(sl.get_shape()))
+        for entry in safetensors_entries(path).values():
+            kind = entry.header.dtype
+            counts[kind] = counts.get(kind, 0) + int(np.prod(entry.header.shape))
     elif path.suffix == ".npz":
         with np.load(path) as z:
             for name in z.files:
@@ -130,20 +147,36 @@ def _top_k(model, logits: np.ndarray, k: int) -> list[tuple[str, float]]:
     return [(model.decode([i]), float(probs[i])) for i in top]
 
 
+def check_prompt(ids: list[int], max_new_tokens: int, n_ctx: int, what: str = "the prompt") -> None:
+    """A prompt of len(ids) tokens plus max_new_tokens generated must fit the context window."""
+    if not ids:
+        raise PromptError(f"{what} encodes to no tokens: give some text")
+    if len(ids) + max_new_tokens > n_ctx:
+        raise PromptError(
+            f"{what} is {len(ids)} tokens; with --max-new-tokens {max_new_tokens} that is "
+            f"{len(ids) + max_new_tokens}, more than the model's context of {n_ctx} tokens: shorten it"
+        )
+
+
 def cmd_generate(args) -> int:
     from cel_numpy.models.loaders import load_model
 
-    heads = parse_heads(args.ablate)
+    heads = parse_heads(args.ablate)  # every check that needs no model comes before loading it
     if args.max_new_tokens < 0 or args.top_k < 1:
-        raise UserError("--max-new-tokens must be >= 0 and --top-k >= 1")
-    model = load_model(args.model, dtype=args.dtype)
+        raise OptionError("--max-new-tokens must be >= 0 and --top-k >= 1")
+    for text, what in [(args.prompt, "the prompt")] + [(t, "a --reference text") for t in args.reference or []]:
+        if not text:
+            raise PromptError(f"{what} is empty: give some text")
+    if args.reference and not (heads and args.ablation == "mean"):
+        raise OptionError("--reference is only used by --ablation mean with --ablate")
+    model = load_model(args.model, dtype=args.dtype, check_config=lambda config: check_heads(heads, config))
     ids = model.encode(args.prompt)
-    if not ids:
-        raise UserError("the prompt encodes to no tokens")
+    check_prompt(ids, args.max_new_tokens, model.config.n_ctx)
     spec = {}
     if heads:
-        model.head_mask(heads)  # validate before any work
         reference = [model.encode(t) for t in (args.reference or [args.prompt])]
+        for ref in reference:
+            check_prompt(ref, 0, model.config.n_ctx, "a --reference text")
         mean_z = model.mean_z(reference) if args.ablation == "mean" else None
         spec = {"ablate": heads, "ablation": args.ablation, "mean_z": mean_z}
     runs = [("intact", {})] + ([(f"ablated {args.ablate} ({args.ablation})", spec)] if heads else [])

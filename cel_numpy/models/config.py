@@ -13,14 +13,31 @@ dictionary that `to_dict` writes (the `.npz` export's `config_json`). GGUF metad
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
+
+from cel_numpy.errors import UserError
 
 FAMILIES = ("gpt2", "llama")
 HF_ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama"}  # config.json "model_type" -> family
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration that the forward cannot run (one line, names the offending field)."""
+
+
+def _required(hf: dict, key: str):
+    """hf[key], or a ConfigError naming the missing key."""
+    if key not in hf or hf[key] is None:
+        raise ConfigError(f"config.json has no {key!r}")
+    return hf[key]
+
+
+def _count(value, key: str) -> int:
+    """A positive integer read from config.json (checked before any arithmetic on it)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"config.json {key} must be a positive integer, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -57,10 +74,10 @@ class ModelConfig:
                 raise ConfigError("gpt2 ties its unembedding to W_E (tied_embeddings=True)")
         if self.family == "llama" and self.d_head % 2:
             raise ConfigError(f"rotary needs an even d_head, got {self.d_head}")
-        if not self.norm_eps > 0:
-            raise ConfigError(f"norm_eps must be positive, got {self.norm_eps!r}")
-        if not self.rope_base > 0:
-            raise ConfigError(f"rope_base must be positive, got {self.rope_base!r}")
+        for f in ("norm_eps", "rope_base"):
+            value = getattr(self, f)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+                raise ConfigError(f"{f} must be a positive number, got {value!r}")
         # Python floats, not NumPy scalars: a np.float64 eps would promote float32 activations.
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
         object.__setattr__(self, "rope_base", float(self.rope_base))
@@ -104,11 +121,13 @@ class ModelConfig:
     @classmethod
     def from_hf_config(cls, hf: dict, name: str = "") -> "ModelConfig":
         """Read a Hugging Face config.json dictionary (GPT-2 or Llama architectures)."""
+        if not isinstance(hf, dict):
+            raise ConfigError(f"config.json must hold a JSON object, got {type(hf).__name__}")
         model_type = hf.get("model_type")
         if model_type not in HF_ARCHITECTURES:
             archs = hf.get("architectures") or []
             raise ConfigError(
-                f"unsupported architecture {model_type or archs!r} in config.json; "
+                f"unsupported architecture {str(model_type or archs)!r} in config.json; "
                 f"supported model_type: {', '.join(HF_ARCHITECTURES)}"
             )
         if model_type == "gpt2":
@@ -122,18 +141,18 @@ def _gpt2_from_hf(hf: dict, name: str) -> ModelConfig:
         raise ConfigError(f"gpt2 activation {act!r} not supported (GELU-tanh only: gelu_new)")
     if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("scale_attn_weights") is False:
         raise ConfigError("gpt2 attention scaling variants are not supported")
-    D, H = hf["n_embd"], hf["n_head"]
+    D, H = _count(_required(hf, "n_embd"), "n_embd"), _count(_required(hf, "n_head"), "n_head")
     if D % H:
         raise ConfigError(f"n_embd={D} is not a multiple of n_head={H}")
     return ModelConfig(
         family="gpt2",
-        n_layers=hf["n_layer"],
+        n_layers=_required(hf, "n_layer"),
         n_heads=H,
         n_kv_heads=H,
         d_model=D,
         d_head=D // H,
         d_mlp=hf.get("n_inner") or 4 * D,
-        vocab_size=hf["vocab_size"],
+        vocab_size=_required(hf, "vocab_size"),
         n_ctx=hf.get("n_positions", hf.get("n_ctx", 1024)),
         norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         tied_embeddings=True,
@@ -149,20 +168,23 @@ def _llama_from_hf(hf: dict, name: str) -> ModelConfig:
         raise ConfigError(f"llama activation {act!r} not supported (SwiGLU with silu only)")
     # transformers <5 writes rope_theta/rope_scaling; 5.x writes rope_parameters.
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"config.json rope_scaling must be an object, got {rope!r}")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise ConfigError(f"rope scaling {rope_type!r} not supported (plain rotary only)")
     rope_base = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    D, H = hf["hidden_size"], hf["num_attention_heads"]
+    D = _count(_required(hf, "hidden_size"), "hidden_size")
+    H = _count(_required(hf, "num_attention_heads"), "num_attention_heads")
     return ModelConfig(
         family="llama",
-        n_layers=hf["num_hidden_layers"],
+        n_layers=_required(hf, "num_hidden_layers"),
         n_heads=H,
         n_kv_heads=hf.get("num_key_value_heads") or H,
         d_model=D,
         d_head=hf.get("head_dim") or D // H,
-        d_mlp=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"],
+        d_mlp=_required(hf, "intermediate_size"),
+        vocab_size=_required(hf, "vocab_size"),
         n_ctx=hf.get("max_position_embeddings", 2048),
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_base=rope_base,

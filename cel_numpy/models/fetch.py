@@ -28,8 +28,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from cel_numpy.errors import UserError
 
-class FetchError(RuntimeError):
+
+class FetchError(UserError, RuntimeError):
     """A registry file could not be obtained or failed verification (one-line message)."""
 
 

@@ -10,6 +10,12 @@ GGUF lists tensor dimensions fastest first: ne = (in, out) for a torch (out, in)
 reader's `data` already has NumPy order (out, in[bytes]); we rebuild the element shape by
 reversing `tensor.shape`. Tensor names and layouts are mapped by the shared table in
 loaders.py, which also undoes llama.cpp's Q/K row permutation.
+
+Damaged files: the reader's exceptions of every kind become one `ModelFileError`; its header
+parser is guarded against an array length that runs past the end of the file (it would
+otherwise loop for as long as the bogus length says); tensor byte ranges are checked against
+the file size, and the metadata and every needed tensor's shape against each other
+(`loaders.check_tensors`), before any weight is read.
 """
 
 from __future__ import annotations
@@ -20,12 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from cel_numpy.cli import UserError
+from cel_numpy.errors import ModelFileError
 from cel_numpy.models.config import ConfigError, ModelConfig
-from cel_numpy.models.loaders import build_params
+from cel_numpy.models.loaders import TensorHeader, build_params, check_tensors
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 CHUNK_ELEMENTS = 1 << 20  # dequantize ~1M weights (4 MB of float32) at a time
+HINT = "the file may be truncated or damaged: delete it and download it again (cel-numpy fetch smollm2)"
+INTEGER_TYPES = ("I8", "I16", "I32", "I64")  # every other GGML type (F32, F16, Q4_1, IQ2_XXS, ...) holds weights
 
 
 def _reader_class():
@@ -35,7 +43,9 @@ def _reader_class():
     vocabulary) and the memmap subclass's per-slice bookkeeping dominates: a plain ndarray
     view of the same mapping (no copy) opens the SmolLM2 file ~2.5x faster.
     """
-    from gguf import GGUFReader
+    from gguf import GGUFReader, GGUFValueType
+
+    min_item_bytes = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}  # length fields
 
     class FastGGUFReader(GGUFReader):
         @property
@@ -46,21 +56,44 @@ def _reader_class():
         def data(self, value):
             self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
+        def _get_field_parts(self, orig_offs, raw_type):
+            """Refuse an array whose length cannot fit in the rest of the file (before looping over it)."""
+            if int(raw_type) == GGUFValueType.ARRAY:
+                item_type = self._get(orig_offs, np.uint32)
+                length = self._get(orig_offs + 4, np.uint64)
+                if len(item_type) and len(length):
+                    kind = int(item_type[0])
+                    scalar = self.gguf_scalar_to_np.get(kind)
+                    item_bytes = np.dtype(scalar).itemsize if scalar is not None else min_item_bytes.get(kind, 1)
+                    if int(length[0]) * item_bytes > len(self.data) - orig_offs:
+                        raise ValueError(f"metadata array at byte {orig_offs} claims {int(length[0])} items, "
+                                         "more than the file holds")
+            return super()._get_field_parts(orig_offs, raw_type)
+
     return FastGGUFReader
 
 
 def open_gguf(path: Path):
-    """A gguf.GGUFReader, or a one-line UserError for a damaged or truncated file."""
-    hint = "the file may be truncated or damaged: delete it and download it again (cel-numpy fetch smollm2)"
+    """A gguf.GGUFReader, or a one-line ModelFileError for a damaged or truncated file."""
     try:
         reader = _reader_class()(str(path))
-    except Exception as err:
-        raise UserError(f"{path}: unreadable GGUF file ({type(err).__name__}: {err}); {hint}") from None
+    except Exception as err:  # the reader raises ValueError, IndexError, KeyError, UnicodeDecodeError, ...
+        detail = str(err).splitlines()[0] if str(err) else ""
+        raise ModelFileError(f"{path}: unreadable GGUF file ({type(err).__name__}: {detail}); {HINT}") from None
     size = os.path.getsize(path)
     for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size:
-            raise UserError(f"{path}: tensor {t.name} extends past the end of the file; {hint}")
+        if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
+            raise ModelFileError(f"{path}: tensor {t.name} extends past the end of the file; {HINT}")
     return reader
+
+
+def tensor_headers(reader) -> dict[str, TensorHeader]:
+    """name -> shape (NumPy order) and storage type, from the header."""
+    return {
+        t.name: TensorHeader(tuple(int(d) for d in reversed(t.shape.tolist())), t.tensor_type.name,
+                             t.tensor_type.name not in INTEGER_TYPES)
+        for t in reader.tensors
+    }
 
 
 def _field(reader, key: str, default=KeyError):
@@ -76,22 +109,25 @@ def _float32_field(value) -> float:
 
 def read_gguf_config(reader, path: Path) -> ModelConfig:
     """Config from the GGUF metadata (`{arch}.block_count`, `{arch}.attention.head_count`, ...)."""
-    arch = _field(reader, "general.architecture", None)
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise UserError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    tensors = {t.name: t for t in reader.tensors}
-    if "token_embd.weight" not in tensors:
-        raise UserError(f"{path}: no token_embd.weight tensor")
-    scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
-    if scaling not in ("none", None):
-        raise UserError(f"{path}: rope scaling {scaling!r} is not supported (plain rotary only)")
     try:
+        arch = _field(reader, "general.architecture", None)
+    except (ValueError, IndexError, TypeError):  # a damaged string
+        arch = "<unreadable>"
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelFileError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors or len(tensors["token_embd.weight"].shape) != 2:
+        raise ModelFileError(f"{path}: no 2-D token_embd.weight tensor; not a complete llama GGUF file")
+    try:
+        scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
+        if scaling not in ("none", None):
+            raise ModelFileError(f"{path}: rope scaling {scaling!r} is not supported (plain rotary only)")
         n_heads = int(_field(reader, f"{arch}.attention.head_count"))
         d_model = int(_field(reader, f"{arch}.embedding_length"))
         d_head = int(_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
         rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", d_head))
         if rope_dims != d_head:
-            raise UserError(f"{path}: partial rotary ({rope_dims} of {d_head} dims) is not supported")
+            raise ModelFileError(f"{path}: partial rotary ({rope_dims} of {d_head} dims) is not supported")
         config = ModelConfig(
             family="llama",
             n_layers=int(_field(reader, f"{arch}.block_count")),
@@ -110,9 +146,11 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
             name=str(path),
         )
     except KeyError as err:
-        raise UserError(f"{path}: missing GGUF metadata ({err})") from None
+        raise ModelFileError(f"{path}: missing GGUF metadata ({err.args[0] if err.args else err}); {HINT}") from None
     except ConfigError as err:
-        raise UserError(f"{path}: {err}") from None
+        raise ModelFileError(f"{path}: {err}") from None
+    except (ValueError, TypeError, IndexError, OverflowError, ZeroDivisionError) as err:  # a damaged value
+        raise ModelFileError(f"{path}: unreadable GGUF metadata ({type(err).__name__}: {err}); {HINT}") from None
     return config
 
 
@@ -159,7 +197,7 @@ def dequantize_from_file(f, info: TensorInfo, dtype) -> np.ndarray:
         f.seek(info.offset + start * row_bytes)
         raw = np.fromfile(f, dtype=info.item_dtype, count=rows * info.row_items)
         if raw.size != rows * info.row_items:
-            raise UserError(f"{f.name}: tensor {info.name} is cut short; the file may be truncated: download it again")
+            raise ModelFileError(f"{f.name}: tensor {info.name} is cut short; the file may be truncated: download it again")
         out_rows[start : start + rows] = dequantize(raw.reshape(rows, info.row_items), qtype)
     return out
 
@@ -179,14 +217,16 @@ def _filename(tensor) -> str:
     return base.filename
 
 
-def load_gguf(path: Path, dtype):
+def load_gguf(path: Path, dtype, check_config=lambda config: None):
     """GGUF file -> (params, config, tokenizer or None).
 
-    Header first (config, tokenizer, tensor offsets), then the reader and its ~250k metadata
-    objects are dropped before any weight is allocated; weights are read tensor by tensor.
+    Header first (config, tensor shapes and offsets, tokenizer), then the reader and its ~250k
+    metadata objects are dropped before any weight is allocated; weights are read tensor by tensor.
     """
     reader = open_gguf(path)
     config = read_gguf_config(reader, path)
+    check_config(config)
+    check_tensors(config, "gguf", tensor_headers(reader), str(path))
     tokenizer = None
     if "tokenizer.ggml.tokens" in reader.fields:
         from cel_numpy.models.tokenizer import BPETokenizer
@@ -195,15 +235,15 @@ def load_gguf(path: Path, dtype):
     infos = {t.name: TensorInfo.of(t) for t in reader.tensors}
     del reader
 
+    from gguf import GGMLQuantizationType
+
     with open(path, "rb") as f:
 
         def read(name: str) -> np.ndarray:
-            if name not in infos:
-                raise UserError(f"{path}: GGUF file has no tensor {name!r}")
             try:
                 return dequantize_from_file(f, infos[name], dtype)
-            except NotImplementedError as err:
-                raise UserError(f"{path}: tensor {name}: {err}") from None
+            except (NotImplementedError, ValueError) as err:  # a type the gguf package cannot dequantize
+                raise ModelFileError(f"{path}: tensor {name} ({GGMLQuantizationType(infos[name].qtype).name}): {err}") from None
 
         params = build_params(config, "gguf", read, dtype, str(path))
     return params, config, tokenizer

@@ -16,18 +16,29 @@ fastest first; the reader reverses them); HF GPT-2 stores Conv1D weights as (in,
 llama.cpp's converter permutes the rows of the Q and K projections so that rotary pairs are
 adjacent (x[2i], x[2i+1]); we rotate pairs (x[i], x[i + E/2]) as HF does, so the loader
 undoes that permutation (`unpermute_rotary_rows`).
+
+Bad files. Every problem with a file is a `ModelFileError` (cel_numpy.errors): one line that
+starts with the file's path, says what is wrong and what to do. Files are checked cheaply before
+any weight is read: the safetensors header is parsed here (length prefix, JSON, every tensor's
+dtype, shape and byte range against the file's length), the GGUF header by the `gguf` reader
+(guarded against lengths that run past the end), the .npz member headers by NumPy; then every
+tensor the table needs must be present with the expected shape and a float dtype
+(`check_tensors`). Only then are weights read.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import struct
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from cel_numpy.cli import UserError
+from cel_numpy.errors import ModelFileError, OptionError
 from cel_numpy.models.config import ConfigError, ModelConfig
 from cel_numpy.models.transformer import unflatten_params
 
@@ -177,6 +188,48 @@ def _gpt2_table(c: ModelConfig) -> list[WeightSpec]:
     return table
 
 
+@dataclass(frozen=True)
+class TensorHeader:
+    """What a checkpoint's header says about one tensor (read before any weight)."""
+
+    shape: tuple[int, ...]  # NumPy order (GGUF: dims reversed)
+    dtype: str  # storage type as the format names it: "F32", "BF16", "Q4_1", "float32", ...
+    is_float: bool  # can be read as floating-point weights
+
+
+def check_tensors(config: ModelConfig, fmt: str, headers: dict[str, TensorHeader], where: str,
+                  prefix: str = "") -> None:
+    """Every tensor the table needs is in `headers`, with its checkpoint shape and a float dtype.
+
+    Runs on headers only, before any weight is read; the config's layer count is first checked
+    against the number of tensors, so a damaged count cannot make the table itself huge.
+    """
+    per_layer = 1 if fmt == "npz" else 2  # a layer has far more tensors than this in every format
+    if config.n_layers * per_layer > len(headers):
+        raise ModelFileError(
+            f"{where}: the config says {config.n_layers} layers but the checkpoint holds only {len(headers)} "
+            "tensors: wrong config, or a damaged file (download it again)"
+        )
+    for spec in weight_table(config, fmt):
+        name = getattr(spec, fmt)
+        if name is None:
+            raise ModelFileError(f"{where}: format {fmt!r} has no tensor for {spec.ours}")
+        header = headers.get(prefix + name)
+        if header is None:
+            raise ModelFileError(
+                f"{where}: checkpoint has no tensor {prefix + name!r} (needed for {spec.ours}): "
+                "not a complete checkpoint of this architecture"
+            )
+        expected = spec.source_shape if fmt != "npz" else (spec.npz_shape or spec.shape)
+        if header.shape != expected:
+            raise ModelFileError(
+                f"{where}: tensor {prefix + name} has shape {header.shape}, the config needs {expected}: "
+                "the config and the weights do not belong together (or the file is damaged)"
+            )
+        if not header.is_float:
+            raise ModelFileError(f"{where}: tensor {prefix + name} is stored as {header.dtype}, not as floating point")
+
+
 def build_params(config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray], dtype, where: str) -> dict:
     """Read every parameter of the table through read(name) and return nested params.
 
@@ -187,11 +240,11 @@ def build_params(config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray
     for spec in weight_table(config, fmt):
         name = getattr(spec, fmt)
         if name is None:
-            raise UserError(f"{where}: format {fmt!r} has no tensor for {spec.ours}")
+            raise ModelFileError(f"{where}: format {fmt!r} has no tensor for {spec.ours}")
         source = read(name)
         expected_source = spec.source_shape if fmt != "npz" else (spec.npz_shape or spec.shape)
         if tuple(source.shape) != expected_source:
-            raise UserError(f"{where}: tensor {name} has shape {tuple(source.shape)}, expected {expected_source}")
+            raise ModelFileError(f"{where}: tensor {name} has shape {tuple(source.shape)}, expected {expected_source}")
         value = source if fmt == "npz" else spec.to_ours(source)
         assert value.shape == spec.shape, f"{spec.ours}: converted to {value.shape}, expected {spec.shape}"
         flat[spec.ours] = np.ascontiguousarray(value, dtype=dtype)
@@ -204,27 +257,33 @@ def build_params(config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray
 # --------------------------------------------------------------------------- entry point
 
 
-def load_model(source, *, dtype=np.float32):
+def load_model(source, *, dtype=np.float32, check_config: Callable[[ModelConfig], None] | None = None):
     """Load a Model from a known name ("smollm2"), a HF folder, a .gguf or a .npz file.
 
     dtype: np.float32 (default, inference) or np.float64 (parity checks, gradients).
+    check_config(config), if given, runs once the configuration is known and before any weight
+    is read: options that depend on the model (head specs, prompt lengths) fail there, cheaply.
     """
     from cel_numpy.models.model import Model
 
-    dtype = np.dtype(dtype)
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        raise OptionError(f"dtype must be float32 or float64, got {dtype!r}") from None
     if dtype not in (np.float32, np.float64):
-        raise UserError(f"dtype must be float32 or float64, got {dtype}")
+        raise OptionError(f"dtype must be float32 or float64, got {dtype}")
+    check = check_config or (lambda config: None)
     path = resolve_source(source)
     if path.is_dir():
-        params, config, tokenizer = load_hf_folder(path, dtype)
+        params, config, tokenizer = load_hf_folder(path, dtype, check)
     elif path.suffix == ".gguf":
         from cel_numpy.models.gguf_loader import load_gguf
 
-        params, config, tokenizer = load_gguf(path, dtype)
+        params, config, tokenizer = load_gguf(path, dtype, check)
     elif path.suffix == ".npz":
-        params, config, tokenizer = load_npz(path, dtype)
+        params, config, tokenizer = load_npz(path, dtype, check)
     else:
-        raise UserError(f"don't know how to load {path}: expected a folder, a .gguf or a .npz file")
+        raise ModelFileError(f"{path}: don't know how to load this file: expected a Hugging Face folder, a .gguf or a .npz file")
     return Model(params, config, tokenizer, source=str(path))
 
 
@@ -236,10 +295,10 @@ def resolve_source(source) -> Path:
         try:
             return Path(fetch(source))
         except FetchError as err:
-            raise UserError(f"cannot fetch {source!r}: {err}") from None
+            raise FetchError(f"cannot fetch {source!r}: {err}") from None
     path = Path(source).expanduser()
     if not path.exists():
-        raise UserError(
+        raise OptionError(
             f"model {str(source)!r} not found: give a known name ({', '.join(KNOWN_NAMES)}), "
             "a Hugging Face folder, a .gguf or a .npz file"
         )
@@ -252,70 +311,158 @@ def resolve_source(source) -> Path:
 def read_hf_config(folder: Path) -> ModelConfig:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
-        raise UserError(f"{folder}: no config.json (not a Hugging Face model folder)")
+        raise ModelFileError(f"{folder}: no config.json (not a Hugging Face model folder)")
     try:
-        hf = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"{cfg_path}: invalid JSON ({err})") from None
+        hf = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ModelFileError(f"{cfg_path}: invalid JSON ({err}); download it again") from None
     try:
         return ModelConfig.from_hf_config(hf, name=str(folder))
     except ConfigError as err:
-        raise UserError(f"{cfg_path}: {err}") from None
-    except KeyError as err:
-        raise UserError(f"{cfg_path}: missing key {err}") from None
+        raise ModelFileError(f"{cfg_path}: {err}") from None
+
+
+# safetensors: 8-byte little-endian header length N, N bytes of JSON
+# {name: {"dtype", "shape", "data_offsets": [begin, end]}} (offsets relative to the data after
+# the header), then the data. Parsed here so that every problem is caught before any read.
+SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+                        "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+SAFETENSORS_FLOAT = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # BF16: read as bits
+SAFETENSORS_MAX_HEADER = 100_000_000  # the format's own limit
+
+
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    """One tensor of a safetensors file, validated against the file's length."""
+
+    path: Path
+    header: TensorHeader
+    offset: int  # absolute byte offset of the data in the file
+    n_bytes: int
+
+
+def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
+    """Parse and check a safetensors header (no tensor data is read): name -> entry."""
+    path = Path(path)
+    hint = "the file is damaged or truncated: download it again"
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ModelFileError(f"{path}: {size} bytes, too short for a safetensors file; {hint}")
+        (n,) = struct.unpack("<Q", prefix)
+        if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
+            raise ModelFileError(
+                f"{path}: the header claims {n} bytes but the file has {size - 8} after its length field: "
+                f"not a safetensors file, or {hint}"
+            )
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        raise ModelFileError(f"{path}: the safetensors header is not valid JSON; {hint}") from None
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: the safetensors header is not a JSON object; {hint}")
+    data_start, data_size = 8 + n, size - 8 - n
+    entries = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            ok = (isinstance(dtype, str) and isinstance(shape, list) and len(shape) <= 8
+                  and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape + [begin, end])
+                  and begin <= end)
+        except (TypeError, KeyError, ValueError):
+            ok = False
+        if not ok:
+            raise ModelFileError(f"{path}: malformed header entry for tensor {name!r}; {hint}")
+        if dtype not in SAFETENSORS_ITEMSIZE:
+            raise ModelFileError(f"{path}: tensor {name} has unknown dtype {dtype!r}; {hint}")
+        needed = math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype]
+        if end - begin != needed:
+            raise ModelFileError(
+                f"{path}: tensor {name} ({dtype} {tuple(shape)}) needs {needed} bytes but its offsets span "
+                f"{end - begin}; {hint}"
+            )
+        if end > data_size:
+            raise ModelFileError(
+                f"{path}: tensor {name} ends at byte {data_start + end}, past the end of the file "
+                f"({size} bytes); {hint}"
+            )
+        entries[name] = SafetensorsEntry(path, TensorHeader(tuple(shape), dtype, dtype in SAFETENSORS_FLOAT),
+                                         data_start + begin, needed)
+    return entries
+
+
+def read_safetensors_tensor(f, entry: SafetensorsEntry) -> np.ndarray:
+    """One tensor's data from open file `f` (checked entry), as a fresh array; BF16 -> float32."""
+    dtype = SAFETENSORS_FLOAT[entry.header.dtype]
+    f.seek(entry.offset)
+    flat = np.fromfile(f, dtype=dtype, count=entry.n_bytes // np.dtype(dtype).itemsize)
+    if flat.nbytes != entry.n_bytes:
+        raise ModelFileError(f"{f.name}: file shrank while reading (was it being overwritten?); download it again")
+    if entry.header.dtype == "BF16":  # the top 16 bits of a float32
+        flat = (flat.astype(np.uint32) << 16).view(np.float32)
+    return flat.reshape(entry.header.shape)
+
+
+def safetensors_entries(folder: Path) -> dict[str, SafetensorsEntry]:
+    """Tensor name -> checked entry, from model.safetensors or a sharded index."""
+    single = folder / "model.safetensors"
+    index = folder / "model.safetensors.index.json"
+    if single.is_file():
+        return read_safetensors_header(single)
+    if not index.is_file():
+        raise ModelFileError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+        assert all(isinstance(shard, str) for shard in shards)
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AssertionError, AttributeError):
+        raise ModelFileError(f"{index}: not a safetensors index (JSON with a weight_map of file names)") from None
+    entries: dict[str, SafetensorsEntry] = {}
+    for shard in shards:
+        path = folder / shard
+        if not path.is_file():
+            raise ModelFileError(f"{index}: lists shard {shard}, which is missing from {folder}; download it")
+        found = read_safetensors_header(path)
+        for name, where in weight_map.items():
+            if where == shard:
+                if name not in found:
+                    raise ModelFileError(f"{path}: has no tensor {name!r}, which {index.name} places there")
+                entries[name] = found[name]
+    return entries
 
 
 def safetensors_files(folder: Path) -> dict[str, Path]:
     """Tensor name -> the safetensors file holding it (single file or sharded index)."""
-    single = folder / "model.safetensors"
-    index = folder / "model.safetensors.index.json"
-    if single.is_file():
-        return dict.fromkeys(_safetensors_keys(single), single)
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: folder / shard for name, shard in weight_map.items()}
-    raise UserError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    return {name: entry.path for name, entry in safetensors_entries(folder).items()}
 
 
-def _open_safetensors(path: Path):
-    from safetensors import safe_open
-
-    try:
-        return safe_open(str(path), framework="numpy")
-    except Exception as err:  # the Rust reader raises its own SafetensorError
-        raise UserError(f"{path}: unreadable safetensors file ({err}); it may be truncated: download it again") from None
-
-
-def _safetensors_keys(path: Path) -> list[str]:
-    with _open_safetensors(path) as f:
-        return list(f.keys())
-
-
-def load_hf_folder(folder: Path, dtype):
-    """HF folder -> (params, config, tokenizer or None)."""
+def load_hf_folder(folder: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None):
+    """HF folder -> (params, config, tokenizer or None). Headers are checked before any read."""
     config = read_hf_config(folder)
-    files = safetensors_files(folder)
-    prefix = "transformer." if config.family == "gpt2" and any(k.startswith("transformer.") for k in files) else ""
+    check_config(config)
+    entries = safetensors_entries(folder)
+    prefix = "transformer." if config.family == "gpt2" and any(k.startswith("transformer.") for k in entries) else ""
+    where = str(folder)
+    check_tensors(config, "hf", {k: e.header for k, e in entries.items()}, where, prefix)
+    tokenizer = load_folder_tokenizer(folder)  # a broken tokenizer file fails before the weights load
     handles: dict[Path, object] = {}
 
     def read(name: str) -> np.ndarray:
-        key = prefix + name
-        if key not in files:
-            raise UserError(f"{folder}: checkpoint has no tensor {key!r}")
-        path = files[key]
-        if path not in handles:
-            handles[path] = _open_safetensors(path).__enter__()
-        try:
-            return handles[path].get_tensor(key)
-        except Exception as err:
-            raise UserError(f"{path}: cannot read {key} ({err}); the file may be truncated: download it again") from None
+        entry = entries[prefix + name]
+        if entry.path not in handles:
+            handles[entry.path] = open(entry.path, "rb")
+        return read_safetensors_tensor(handles[entry.path], entry)
 
     try:
-        params = build_params(config, "hf", read, dtype, str(folder))
+        params = build_params(config, "hf", read, dtype, where)
     finally:
         for handle in handles.values():
-            handle.__exit__(None, None, None)
-    return params, config, load_folder_tokenizer(folder)
+            handle.close()
+    return params, config, tokenizer
 
 
 def load_folder_tokenizer(folder: Path):
@@ -332,33 +479,59 @@ def load_folder_tokenizer(folder: Path):
 # --------------------------------------------------------------------------- .npz export
 
 
-def load_npz(path: Path, dtype):
+NPZ_HINT = "not a cel-numpy .npz export, or damaged: export it again (scripts/export_gpt2_npz.py)"
+
+
+def _npz_headers(archive, path: Path) -> dict[str, TensorHeader]:
+    """Shape and dtype of every array in an open .npz, from the .npy headers only (no data read)."""
+    headers = {}
+    for name in archive.files:
+        try:
+            with archive.zip.open(name + ".npy") as member:
+                version = np.lib.format.read_magic(member)
+                if version not in ((1, 0), (2, 0)):
+                    raise ValueError(f"unsupported .npy format version {version}")
+                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read_header(member)
+        except (ValueError, KeyError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, TypeError) as err:
+            raise ModelFileError(f"{path}: array {name!r} has an unreadable header ({err}); {NPZ_HINT}") from None
+        headers[name] = TensorHeader(tuple(int(d) for d in shape), str(dtype), dtype.kind == "f")
+    return headers
+
+
+def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None):
     """The export of scripts/export_gpt2_npz.py -> (params, config, tokenizer or None).
 
     A tokenizer is picked up from OUT_STEM.vocab.json + OUT_STEM.merges.txt next to the file.
     """
     try:
         archive = np.load(path, allow_pickle=False)
-    except Exception as err:
-        raise UserError(f"{path}: unreadable .npz file ({err})") from None
+    except Exception as err:  # zipfile, NumPy and OS errors of every kind: the file is not an .npz
+        raise ModelFileError(f"{path}: unreadable .npz file ({type(err).__name__}: {err}); {NPZ_HINT}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise ModelFileError(f"{path}: holds a single array, not an .npz archive; {NPZ_HINT}")
     with archive:
         if "config_json" not in archive.files:
-            raise UserError(f"{path}: no config_json entry (not a cel-numpy export)")
-        cfg = json.loads(str(archive["config_json"]))
+            raise ModelFileError(f"{path}: no config_json entry; {NPZ_HINT}")
+        headers = _npz_headers(archive, path)
         try:
+            cfg = json.loads(str(archive["config_json"]))
+            if not isinstance(cfg, dict):
+                raise TypeError("not a JSON object")
             config = ModelConfig.from_dict({**cfg, "name": str(path)})
-        except (ConfigError, TypeError) as err:
-            raise UserError(f"{path}: bad config_json ({err})") from None
+        except Exception as err:  # a damaged member fails in zipfile, NumPy or JSON
+            raise ModelFileError(f"{path}: bad config_json ({type(err).__name__}: {err}); {NPZ_HINT}") from None
         if config.family != "gpt2":
-            raise UserError(f"{path}: the .npz export holds gpt2 models, config says {config.family!r}")
+            raise ModelFileError(f"{path}: the .npz export holds gpt2 models, config says {config.family!r}")
+        check_config(config)
+        del headers["config_json"]
+        check_tensors(config, "npz", headers, str(path))
 
         def read(name: str) -> np.ndarray:
-            if name not in archive.files:
-                raise UserError(f"{path}: no array {name!r}")
             try:
                 return archive[name]
-            except Exception as err:
-                raise UserError(f"{path}: cannot read {name} ({err}); the file may be truncated") from None
+            except Exception as err:  # CRC mismatch, truncated member, ...
+                raise ModelFileError(f"{path}: cannot read array {name} ({type(err).__name__}: {err}); {NPZ_HINT}") from None
 
         params = build_params(config, "npz", read, dtype, str(path))
     tokenizer = None

@@ -11,7 +11,10 @@ Decoding maps ids back to bytes and decodes UTF-8, so decode(encode(s)) == s for
 (unless a prefix space is added by a tokenizer.json ByteLevel(add_prefix_space=True)).
 
 Constructors: BPETokenizer.from_gpt2_files, .from_vocab_merges, .from_hf_tokenizer_json,
-.from_gguf_fields.
+.from_gguf_fields. A malformed file of any kind raises TokenizerError (one line, naming the
+file); text that is not valid Unicode (a lone surrogate such as "\\ud800", which Python strings
+allow) raises PromptError. Empty text encodes to no tokens (plus BOS if the tokenizer adds one):
+whether a model accepts that is for the caller to decide.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import regex
 
+from cel_numpy.errors import ModelFileError, PromptError
+
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 DIGIT_PATTERN = r"\p{N}"  # one numeric character (HF Digits(individual_digits=True))
 DIGITS_PATTERN = r"\p{N}+"  # a run of numeric characters (HF Digits(individual_digits=False))
@@ -32,8 +37,42 @@ DIGITS_PATTERN = r"\p{N}+"  # a run of numeric characters (HF Digits(individual_
 PIECE_CACHE_SIZE = 1 << 16  # distinct pre-tokenized pieces remembered per tokenizer
 
 
-class TokenizerError(ValueError):
+class TokenizerError(ModelFileError, ValueError):
     """A tokenizer file is malformed or uses a feature we do not support (one-line message)."""
+
+
+def _file_errors(constructor):
+    """Decorator: any parsing failure inside a constructor becomes a TokenizerError naming the file.
+
+    The constructor's first argument is the file (or a GGUF reader). Files come from users
+    (truncated downloads, the wrong file), so KeyError/IndexError/JSON errors deep in the
+    parsing must not escape raw.
+    """
+
+    @functools.wraps(constructor)
+    def checked(cls, source, *args, **kwargs):
+        name = _source_name(source)
+        try:
+            return constructor(cls, source, *args, **kwargs)
+        except TokenizerError as err:
+            if str(err).startswith(name):
+                raise
+            raise TokenizerError(f"{name}: {err}") from None
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
+            detail = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+            raise TokenizerError(f"{name}: malformed tokenizer file ({detail})") from None
+
+    return checked
+
+
+def _source_name(source) -> str:
+    """A path as text; for a GGUF reader, the file it maps (found through its data buffer)."""
+    if isinstance(source, (str, Path)):
+        return str(source)
+    base = getattr(source, "data", None)
+    while base is not None and not hasattr(base, "filename"):
+        base = getattr(base, "base", None)
+    return str(getattr(base, "filename", None) or "GGUF file")
 
 
 # ----------------------------------------------------------------------------- pre-tokenizers
@@ -190,6 +229,9 @@ class BPETokenizer:
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.add_bos = add_bos
         self._id_to_token = _invert_vocab(self._vocab)
+        for label, idx in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id), ("unk_id", unk_id)):
+            if idx is not None and not (isinstance(idx, int) and 0 <= idx < len(self._id_to_token)):
+                raise TokenizerError(f"{label} {idx!r} is not a token id (vocabulary size {len(self._id_to_token)})")
         self._id_bytes = [_token_bytes(t) if t is not None else b"" for t in self._id_to_token]
         for content, idx in self._special.items():
             self._id_bytes[idx] = content.encode("utf-8")
@@ -230,17 +272,26 @@ class BPETokenizer:
 
         `text` must be valid Unicode: a lone surrogate raises UnicodeEncodeError.
         """
+        if not isinstance(text, str):
+            raise PromptError(f"text to encode must be a str, got {type(text).__name__}")
         ids: list[int] = []
         if self.add_bos if add_bos is None else add_bos:
             if self.bos_id is None:
                 raise ValueError("add_bos requested but this tokenizer has no bos_id")
             ids.append(self.bos_id)
-        for segment, special_id in self._split_special(text):
-            if special_id is not None:
-                ids.append(special_id)
-                continue
-            for piece in pre_tokenize(self._pre_tokenizer, segment):
-                ids.extend(self._encode_piece(piece))
+        try:
+            for segment, special_id in self._split_special(text):
+                if special_id is not None:
+                    ids.append(special_id)
+                    continue
+                for piece in pre_tokenize(self._pre_tokenizer, segment):
+                    ids.extend(self._encode_piece(piece))
+        except UnicodeEncodeError:
+            at = next(i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF)
+            raise PromptError(
+                f"text is not valid Unicode: lone surrogate U+{ord(text[at]):04X} at character {at} "
+                "(text decoded with errors='surrogateescape'? decode it as UTF-8 first)"
+            ) from None
         return ids
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
@@ -266,6 +317,7 @@ class BPETokenizer:
     # ------------------------------------------------------------------ constructors
 
     @classmethod
+    @_file_errors
     def from_vocab_merges(
         cls,
         vocab_json: str | Path,
@@ -296,6 +348,7 @@ class BPETokenizer:
         return cls.from_vocab_merges(encoder_json, vocab_bpe, special_tokens=special_tokens)
 
     @classmethod
+    @_file_errors
     def from_hf_tokenizer_json(cls, path: str | Path) -> BPETokenizer:
         """From a Hugging Face tokenizer.json with a byte-level BPE model.
 
@@ -325,6 +378,7 @@ class BPETokenizer:
         )  # fmt: skip
 
     @classmethod
+    @_file_errors
     def from_gguf_fields(cls, reader) -> BPETokenizer:
         """From the tokenizer.ggml.* fields of a `gguf.GGUFReader` (model "gpt2" only).
 
@@ -462,6 +516,10 @@ def _invert_vocab(vocab: dict[str, int]) -> list[str | None]:
     """id -> token list (None for unused ids); rejects negative or duplicate ids."""
     if not vocab:
         raise TokenizerError("empty vocabulary")
+    if not all(isinstance(idx, int) and not isinstance(idx, bool) for idx in vocab.values()):
+        raise TokenizerError("vocabulary ids must be integers")
+    if max(vocab.values()) > 16 * len(vocab) + 1024:
+        raise TokenizerError(f"token id {max(vocab.values())} is far beyond the {len(vocab)} tokens of the vocabulary")
     table: list[str | None] = [None] * (max(vocab.values()) + 1)
     for token, idx in vocab.items():
         if idx < 0:

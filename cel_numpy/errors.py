@@ -1,0 +1,44 @@
+"""The errors cel-numpy raises for bad input: one line each, naming what is wrong and what to do.
+
+    UserError                          anything the user can fix; `cel-numpy` prints
+    |                                  "cel-numpy CMD: error: <message>" and exits with status 2
+    +-- ModelFileError                 a model or tokenizer file is missing, damaged or unsupported;
+    |   |                              the message starts with the file's path
+    |   +-- TokenizerError (ValueError)          tokenizer files (cel_numpy.models.tokenizer)
+    +-- ConfigError (ValueError)       a model configuration the forward cannot run (models.config)
+    +-- FetchError (RuntimeError)      a registry download failed or did not verify (models.fetch)
+    +-- OptionError (ValueError)       an option or argument value: head specs, task and model
+    |                                  names, panel sizes, --out; raised before any work
+    +-- PromptError (ValueError)       text a model cannot take: empty, longer than the context,
+    |                                  not valid Unicode
+    +-- RunDirError                    a run directory that does not validate, or is locked
+    |                                  (cel_numpy.localize.rundir)
+    +-- InvalidHeadError (ValueError), NoTokenizerError (RuntimeError)   (cel_numpy.models.model)
+
+The second base classes keep older `except ValueError` / `except RuntimeError` callers working.
+Anything else escaping to the command line is a bug: it is reported as an internal error
+(exit status 1) with a hint to rerun with `--debug`, which prints the traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input: printed as one line, exit status 2, no traceback."""
+
+
+class ModelFileError(UserError):
+    """A model or tokenizer file is missing, truncated, corrupt or unsupported (names the file)."""
+
+
+class OptionError(UserError, ValueError):
+    """A command-line option or API argument with an impossible value (checked before any work)."""
+
+
+class PromptError(UserError, ValueError):
+    """A prompt the model cannot take: empty, longer than the context window, or not valid text."""
+
+
+def one_line(message: str) -> str:
+    """Collapse a message onto one line (an error line must never spill into several)."""
+    return " ".join(str(message).split())
