@@ -366,10 +366,7 @@ def test_lock_stops_a_second_writer(tmp_path):
     with pytest.raises(rd.RunDirError, match="held by pid"):
         run_fake(out, until="baseline")
     (out / "lock").write_text(f"999999999 {__import__('socket').gethostname()} then\n")
-    with pytest.raises(rd.RunDirError, match="stale lock .* delete it"):
-        run_fake(out, until="baseline")
-    (out / "lock").unlink()
-    run_fake(out, until="baseline")
+    run_fake(out, until="baseline")  # pid not running on this host: the stale lock is taken over (see rundir)
     assert not (out / "lock").exists()  # released after the run
 
 

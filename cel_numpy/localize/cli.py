@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import signal
 import sys
 from pathlib import Path
 
-from cel_numpy.cli import UserError
+from cel_numpy.errors import OptionError, PromptError
+
+MAX_SAMPLED_PANEL = 100_000  # items per panel of a sampled (theory) task: beyond this, memory, not insight
+THEORY_TASKS = {"A": "A", "B": "B", "THEORY-A": "A", "THEORY-B": "B"}
 
 DESCRIPTION = """\
 Find sparse sets of attention heads whose removal improves a task (DESIGN.md section 5):
@@ -21,7 +25,11 @@ same command to continue; finished stages are validated, never silently redone.
 runs the routine on task A (or B); an example is correct iff |y_hat - y| < --tau.
 theory:PATH loads params.npz written by `cel-numpy theory`.
 
-A lock file DIR/lock stops two writers; if a run was killed hard and the lock is stale, delete it.
+Options are checked before any work: task and model names (the known ones are listed), panel
+sizes against what the task can produce, --out writable. Ctrl-C stops cleanly ("interrupted;
+rerun the same command to resume", exit status 130); finished conditions are kept on disk.
+A lock file DIR/lock stops two writers; a lock left by a killed run (its pid no longer running
+on this host) is taken over with a note.
 """
 
 
@@ -79,10 +87,12 @@ def theory_setup(args):
     """(task, cross tasks, make_evaluator) for --model theory[:PATH]."""
     import numpy as np
 
+    from cel_numpy.errors import ModelFileError
     from cel_numpy.localize.evaluate import TheoryEvaluator, TheoryTask
     from cel_numpy.theory import TrainConfig, load_params, train
 
     config = TrainConfig()
+    theory_task_names(args)  # before training: a wrong name must not cost a training run
     if args.model == "theory":
         if not args.quiet:
             print(f"training the theory model (default config, seed {args.theory_seed}) ...", file=sys.stderr)
@@ -90,26 +100,19 @@ def theory_setup(args):
         params = train(TrainConfig(log_every=config.steps), train_rng).params
         label = f"theory(seed={args.theory_seed})"
     else:
-        params = load_params(args.model.split(":", 1)[1])
+        path = args.model.split(":", 1)[1]
+        try:
+            params = load_params(path)
+        except Exception as err:  # np.load and zipfile raise many types for a wrong or damaged file
+            raise ModelFileError(f"{path}: not a theory params.npz with arrays K and V ({type(err).__name__}: {err}); "
+                                 "write one with `cel-numpy theory --out DIR`") from None
+        if params["K"].ndim != 2 or params["V"].ndim != 2 or params["K"].shape[0] != params["V"].shape[0]:
+            raise ModelFileError(f"{path}: K {params['K'].shape} and V {params['V'].shape} are not (H, T) and (H, m)")
         label = args.model
     world = config.world
-    names = {"A": "A", "B": "B", "THEORY-A": "A", "THEORY-B": "B"}
-    which = names.get(args.task.upper())
-    if which is None:
-        raise UserError(f"--model theory has tasks A and B (theory-A, theory-B), not {args.task!r}")
+    which, cross_names = theory_task_names(args)
     task = TheoryTask(which, world, tau=args.tau)
-    other = TheoryTask("B" if which == "A" else "A", world, tau=args.tau)
-    if args.cross_tasks in ("all", ""):
-        cross = [other]
-    elif args.cross_tasks == "none":
-        cross = []
-    else:
-        cross = []
-        for n in _split(args.cross_tasks):
-            w = names.get(n.upper())
-            if w is None:
-                raise UserError(f"--cross-tasks: theory tasks are A and B, not {n!r}")
-            cross.append(TheoryTask(w, world, tau=args.tau))
+    cross = [TheoryTask(w, world, tau=args.tau) for w in cross_names]
 
     def make_evaluator(t, reference_items):
         return TheoryEvaluator(params, t, ablation=args.ablation, reference_items=reference_items, label=label)
@@ -117,22 +120,104 @@ def theory_setup(args):
     return task, cross, make_evaluator
 
 
-def lm_setup(args):
-    """(task, cross tasks, make_evaluator) for a real language model."""
-    from cel_numpy.localize.evaluate import LMEvaluator
-    from cel_numpy.models.loaders import load_model, resolve_source
+def theory_task_names(args) -> tuple[str, list[str]]:
+    """("A" or "B", cross task letters) for --model theory; OptionError for other names."""
+    which = THEORY_TASKS.get(args.task.upper())
+    if which is None:
+        raise OptionError(f"--model theory has tasks A and B (theory-A, theory-B), not {args.task!r}")
+    if args.cross_tasks in ("all", ""):
+        return which, ["B" if which == "A" else "A"]
+    if args.cross_tasks == "none":
+        return which, []
+    cross = []
+    for n in _split(args.cross_tasks):
+        w = THEORY_TASKS.get(n.upper())
+        if w is None:
+            raise OptionError(f"--cross-tasks: theory tasks are A and B, not {n!r}")
+        cross.append(w)
+    return which, cross
+
+
+def lm_tasks(args):
+    """(task, cross tasks) for a language model; OptionError listing the known tasks otherwise."""
     from cel_numpy.tasks import TASKS, get_task
 
     task = get_task(args.task)
     if args.cross_tasks in ("all", ""):
-        cross = [t for name, t in TASKS.items() if name != task.name]
-    elif args.cross_tasks == "none":
-        cross = []
-    else:
-        cross = [get_task(n) for n in _split(args.cross_tasks)]
+        return task, [t for name, t in TASKS.items() if name != task.name]
+    if args.cross_tasks == "none":
+        return task, []
+    return task, [get_task(n) for n in _split(args.cross_tasks)]
+
+
+def check_panel_sizes(task, cross, n_discovery: int, n_heldout: int) -> None:
+    """Every panel the run will build can be built (the routine builds them after loading the model).
+
+    Template tasks have a finite item space (`max_panel_items`); sampled tasks are capped at
+    MAX_SAMPLED_PANEL items per panel.
+    """
+    from cel_numpy.tasks import TemplateTask, max_panel_items
+
+    wanted = [(task, n_discovery + n_heldout, f"--discovery {n_discovery} + --heldout {n_heldout}")]
+    wanted += [(t, n_heldout + 1, f"--heldout {n_heldout} (the cross-task panel size) + 1") for t in cross if t is not task]
+    for t, n, what in wanted:
+        if isinstance(t, TemplateTask):
+            limit = max_panel_items(t)
+            if n > limit:
+                raise OptionError(f"task {t.name!r} can produce at most {limit} distinct items; {what} = {n}: "
+                                  "ask for fewer")
+        elif max(n_discovery, n_heldout) > MAX_SAMPLED_PANEL:
+            raise OptionError(f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for task {t.name!r}")
+
+
+def check_model_name(spec: str) -> None:
+    """A known name, theory[:PATH] or an existing path; OptionError listing the choices otherwise."""
+    from cel_numpy.models.loaders import KNOWN_NAMES
+
+    if spec == "theory" or spec in KNOWN_NAMES:
+        return
+    if spec.startswith("theory:"):
+        if not Path(spec.split(":", 1)[1]).is_file():
+            raise OptionError(f"--model {spec}: no such file (theory:PATH wants the params.npz written by "
+                              "`cel-numpy theory --out DIR`)")
+        return
+    if not Path(spec).expanduser().exists():
+        raise OptionError(f"--model {spec!r} not found: give a known name ({', '.join(KNOWN_NAMES)}, theory, "
+                          "theory:PATH/params.npz), a Hugging Face folder, a .gguf or a .npz file")
+
+
+def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> None:
+    """Every prompt (with its longest choice, or its generated answer) fits the model's context."""
+    n_ctx = model.config.n_ctx
+    for name, items in panels.items():
+        for it in items:
+            text = it.prompt + max(it.choices, key=len, default="")
+            n = len(model.encode(text)) + max_new_tokens.get(name, 0)
+            if n > n_ctx:
+                raise PromptError(
+                    f"task {it.task!r} ({name} panel): a prompt needs {n} tokens with its answer, more than the "
+                    f"model's context of {n_ctx} tokens: use a model with a longer context or another task"
+                )
+
+
+def lm_setup(args, task, cross):
+    """(task, cross tasks, make_evaluator) for a real language model."""
+    from cel_numpy.localize.evaluate import LMEvaluator
+    from cel_numpy.localize.routine import build_panels, cross_panel
+    from cel_numpy.models.loaders import load_model, resolve_source
+
     path = resolve_source(args.model)
     ident = file_identity(path)
     model = load_model(args.model)
+    if model.tokenizer is None:
+        raise OptionError(f"--model {args.model}: the model has no tokenizer files (tokenizer.json, or vocab.json + "
+                          "merges.txt): localization needs text prompts")
+    discovery, heldout = build_panels(task, args.discovery, args.heldout, args.seed)
+    panels = {"discovery": discovery, "heldout": heldout}
+    panels.update({f"cross-{t.name}": cross_panel(t, args.heldout, args.seed) for t in cross if t.name != task.name})
+    tasks = {"discovery": task, "heldout": task, **{f"cross-{t.name}": t for t in cross}}
+    check_prompt_lengths(model, panels, {name: getattr(t, "max_new_tokens", 0) if t.scoring == "generate" else 0
+                                         for name, t in tasks.items()})
     cache = {}
 
     def make_evaluator(t, reference_items):
@@ -144,32 +229,62 @@ def lm_setup(args):
     return task, cross, make_evaluator
 
 
-def run(args) -> int:
-    from cel_numpy.localize.routine import STAGES, Localizer
+def check_options(args) -> None:
+    """Everything that needs no model, before any work (OptionError, one line)."""
+    from cel_numpy.localize.routine import STAGES
 
     if args.stage not in STAGES:
-        raise UserError(f"--stage must be one of {', '.join(STAGES)}, got {args.stage!r}")
+        raise OptionError(f"--stage must be one of {', '.join(STAGES)}, got {args.stage!r}")
     if args.discovery < 1 or args.heldout < 1:
-        raise UserError(f"--discovery and --heldout must be >= 1 (got {args.discovery}, {args.heldout})")
+        raise OptionError(f"--discovery and --heldout must be >= 1 (got {args.discovery}, {args.heldout})")
+    for flag, value in (("--batch-size", args.batch_size), ("--workers", args.workers)):
+        if value < 1:
+            raise OptionError(f"{flag} must be >= 1, got {value}")
+    if args.seed < 0 or args.theory_seed < 0:
+        raise OptionError(f"--seed and --theory-seed must be >= 0 (got {args.seed}, {args.theory_seed})")
+    if not args.tau > 0:
+        raise OptionError(f"--tau must be > 0, got {args.tau}")
+    check_model_name(args.model)
+    if args.model.startswith("theory") and max(args.discovery, args.heldout) > MAX_SAMPLED_PANEL:
+        raise OptionError(f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for the theory tasks")
+
+
+def _ignore_sigint() -> None:
+    """Worker processes leave Ctrl-C to the parent, which stops cleanly (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def run(args) -> int:
+    from cel_numpy.localize.routine import Localizer
     from cel_numpy.localize.rundir import prepare_out
 
+    check_options(args)
+    theory = args.model == "theory" or args.model.startswith("theory:")
+    if theory:
+        theory_task_names(args)
+    else:
+        task, cross = lm_tasks(args)
+        check_panel_sizes(task, cross, args.discovery, args.heldout)
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
-    if args.model == "theory" or args.model.startswith("theory:"):
+    if theory:
         task, cross, make_evaluator = theory_setup(args)
     else:
-        task, cross, make_evaluator = lm_setup(args)
-    if args.workers < 1:
-        raise UserError(f"--workers must be >= 1, got {args.workers}")
+        task, cross, make_evaluator = lm_setup(args, task, cross)
     executor = None
     if args.workers > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        executor = ProcessPoolExecutor(max_workers=args.workers)
+        executor = ProcessPoolExecutor(max_workers=args.workers, initializer=_ignore_sigint)
     loc = Localizer(args.out, make_evaluator, task, n_discovery=args.discovery, n_heldout=args.heldout,
                     seed=args.seed, cross_tasks=cross, progress=not args.quiet, executor=executor,
                     command="cel-numpy " + " ".join(sys.argv[1:]))
     try:
         results = loc.run(args.stage)
+    except BaseException:
+        if executor is not None:  # Ctrl-C or an error: queued chunks are not started
+            executor.shutdown(wait=False, cancel_futures=True)
+            executor = None
+        raise
     finally:
         if executor is not None:
             executor.shutdown()

@@ -22,27 +22,44 @@ A record (one JSON object per line, keys in this order, so `grep '"block": "L3H5
 `block` names a group of lines evaluated together (a condition; "intact#1"/"intact#2" in the
 baseline; "<task>:<condition>" in the cross-task stage).
 
+Writing: JSON files (manifest, done-files, finalists, report.json) and panels are written to a
+temporary file, fsynced and renamed into place, so they exist whole or not at all. Records are
+appended: a chunk of complete blocks per write, each write followed by fsync, only after the
+file has been validated and cut back to its last complete block.
+
 Resume rules
     * a stage with a done-file is validated: the records' sha256 and line count, the
       dependencies' hashes and the manifest must match, and the records must be exactly the
       blocks the stage would compute now. Any mismatch is an error naming the file; nothing is
       silently redone. Use a fresh --out, or delete that stage's two files (and later stages).
+      A finished stage's records are never repaired: even a half line appended to them is
+      refused (the sha256 no longer matches).
     * a stage without a done-file resumes from its partial records: complete blocks that
-      validate are kept, an incomplete trailing block (a crash mid-stage) is dropped and
-      recomputed, and any malformed or mismatched line is an error (as above). Each block is
-      written with one write + fsync, so only a crash inside that write leaves a torn last line.
+      validate are kept and never recomputed; what follows the last complete block -- the
+      lines of an incomplete block and an unterminated final line (no newline: a write cut
+      short by SIGKILL or a power loss) -- is dropped, cut off the file and recomputed. Only
+      newline-terminated lines count as records, so a torn line is never parsed, even when its
+      text happens to be valid JSON. Any malformed or mismatched *terminated* line is an error
+      (as above): it cannot come from an interrupted append.
 
-Lock: `lock` is created with O_EXCL. If a run was killed hard (SIGKILL, power loss) the lock
-stays; the error message says whether its pid is still alive on this host. A stale lock is
-cleared by deleting the file (`rm DIR/lock`) after checking no process still writes there.
+Lock: `lock` holds "pid host started" and an exclusive flock(2) for as long as a run writes
+here; the kernel drops the flock when the process dies, however it dies. A second run is refused
+while the flock is held ("held by pid N"). Stale lock (the writer was killed with SIGKILL, or
+the machine lost power): the lock file is still there but nobody holds its flock. If it names a
+pid on this host that is not running, the new run takes the lock over and says so on stderr
+(rerunning the same command resumes). If that pid is running (a writer that does not use
+flock) or the lock was written on another host (whose processes cannot be checked from here),
+the run refuses and the message says how to clear it (delete the file after checking).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +99,8 @@ def json_dump(path: Path, obj) -> None:
 def prepare_out(out: Path) -> Path:
     """Create --out if needed and prove it writable, before any work (one-line error if not)."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"--out {out} is an existing file, not a directory: give a new or existing directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}"
@@ -105,40 +124,79 @@ def _pid_alive(pid: int) -> bool:
 
 
 class Lock:
-    """`with Lock(run_dir):` one writer at a time (O_EXCL file holding pid and host)."""
+    """`with Lock(run_dir):` one writer at a time (flock on a file holding pid and host).
 
-    def __init__(self, run_dir: Path):
+    See the module docstring for the stale-lock policy. `note` receives the one line said when
+    a stale lock is taken over (default: stderr).
+    """
+
+    def __init__(self, run_dir: Path, note=None):
         self.path = Path(run_dir) / "lock"
-        self.held = False
+        self.note = note or (lambda msg: print(f"cel-numpy: {msg}", file=sys.stderr, flush=True))
+        self.fd: int | None = None
 
     def __enter__(self):
-        text = f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n"
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            raise RunDirError(self._held_message()) from None
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        self.held = True
+        for _ in range(10):  # retried only if the file is replaced between open and flock
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunDirError(self._held_message(self._read_owner())) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder removed the file after we opened it: try the new one
+        else:
+            raise RunDirError(f"{self.path} keeps changing: another run is starting here")
+        owner = self._read_owner()
+        if owner is not None:
+            pid, host = owner
+            if host != socket.gethostname() or _pid_alive(pid):
+                os.close(fd)
+                raise RunDirError(self._held_message(owner))
+            self.note(f"taking over the stale lock {self.path} of pid {pid} on {host} (not running; "
+                      "it was killed before it could remove the lock)")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0)
+        os.fsync(fd)
+        self.fd = fd
         return self
 
-    def _held_message(self) -> str:
+    def _read_owner(self) -> tuple[int, str] | None:
+        """(pid, host) written in the lock file, None if it is empty; (-1, "?") if unreadable."""
         try:
-            pid_s, host, *_ = self.path.read_text().split()
-            pid = int(pid_s)
-        except (OSError, ValueError):
-            return f"{self.path} exists (unreadable): another run may be writing here; if none is, delete it"
+            text = self.path.read_text()
+        except OSError:
+            return -1, "?"
+        if not text.strip():
+            return None
+        try:
+            pid_s, host, *_ = text.split()
+            return int(pid_s), host
+        except ValueError:
+            return -1, "?"
+
+    def _held_message(self, owner) -> str:
+        if owner is None or owner[0] < 0:
+            return f"{self.path} is held by another run (owner unreadable): wait for it to finish, or use another --out"
+        pid, host = owner
         if host == socket.gethostname() and not _pid_alive(pid):
-            return f"stale lock {self.path} (pid {pid} on {host} is not running): delete it and rerun"
-        return f"{self.path} is held by pid {pid} on {host}: another run is writing here (if it is gone, delete the lock)"
+            return f"stale lock {self.path} (pid {pid} on {host} is not running) is still held: delete it and rerun"
+        where = "" if host == socket.gethostname() else " (another host: if that run is gone, delete the lock)"
+        return f"{self.path} is held by pid {pid} on {host}: another run is writing here{where}"
 
     def __exit__(self, *exc):
-        if self.held:
+        if self.fd is not None:
             try:
-                self.path.unlink()
+                self.path.unlink()  # while still holding the flock: a waiting run then sees a new file
             except FileNotFoundError:
                 pass
-            self.held = False
+            os.close(self.fd)
+            self.fd = None
         return False
 
 
@@ -191,6 +249,8 @@ def write_panel(path: Path, items: Sequence[Item]) -> None:
     with open(tmp, "w") as fh:
         for it in items:
             fh.write(json.dumps(item_to_json(it)) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
 
 

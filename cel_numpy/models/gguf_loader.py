@@ -12,8 +12,8 @@ reversing `tensor.shape`. Tensor names and layouts are mapped by the shared tabl
 loaders.py, which also undoes llama.cpp's Q/K row permutation.
 
 Damaged files: the reader's exceptions of every kind become one `ModelFileError`; its header
-parser is guarded against an array length that runs past the end of the file (it would
-otherwise loop for as long as the bogus length says); tensor byte ranges are checked against
+parser is guarded against an array length that runs past the end of the file (past the end it
+reads empty views without advancing, so it could loop for as long as the bogus length says); tensor byte ranges are checked against
 the file size, and the metadata and every needed tensor's shape against each other
 (`loaders.check_tensors`), before any weight is read.
 """

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import struct
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -493,7 +492,7 @@ def _npz_headers(archive, path: Path) -> dict[str, TensorHeader]:
                     raise ValueError(f"unsupported .npy format version {version}")
                 read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
                 shape, _, dtype = read_header(member)
-        except (ValueError, KeyError, OSError, zipfile.BadZipFile, EOFError, SyntaxError, TypeError) as err:
+        except Exception as err:  # NumPy's header parser raises ValueError, SyntaxError, TokenError, ...
             raise ModelFileError(f"{path}: array {name!r} has an unreadable header ({err}); {NPZ_HINT}") from None
         headers[name] = TensorHeader(tuple(int(d) for d in shape), str(dtype), dtype.kind == "f")
     return headers

@@ -11,6 +11,7 @@
 Each module's docstring gives the templates, scoring decisions and template-space sizes.
 """
 
+from cel_numpy.errors import OptionError
 from cel_numpy.tasks.agreement import Agreement
 from cel_numpy.tasks.arithmetic import Arithmetic
 from cel_numpy.tasks.base import Item, Scoring, Task
@@ -27,9 +28,9 @@ TASKS: dict[str, Task] = {
 
 
 def get_task(name: str) -> Task:
-    """The registered task called `name`; ValueError listing the known names otherwise."""
+    """The registered task called `name`; OptionError (a ValueError) listing the known names otherwise."""
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
+        raise OptionError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]
 
 

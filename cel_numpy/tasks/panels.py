@@ -17,6 +17,7 @@ import hashlib
 
 import numpy as np
 
+from cel_numpy.errors import OptionError
 from cel_numpy.tasks.base import Item, Task
 from cel_numpy.tasks.template import TemplateTask
 
@@ -40,7 +41,7 @@ def make_panels(task: Task, n_discovery: int, n_heldout: int, seed: int) -> tupl
     """(discovery, heldout): n_discovery and n_heldout distinct items, no item in both."""
     for label, n in (("n_discovery", n_discovery), ("n_heldout", n_heldout)):
         if not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"{label} must be a positive integer, got {n!r}: an empty panel measures nothing")
+            raise OptionError(f"{label} must be a positive integer, got {n!r}: an empty panel measures nothing")
     rng = np.random.default_rng(seed)
     if isinstance(task, TemplateTask):
         discovery, heldout = _template_panels(task, int(n_discovery), int(n_heldout), rng)
@@ -58,7 +59,7 @@ def _template_panels(task: TemplateTask, n_d: int, n_h: int, rng: np.random.Gene
     limit = max_panel_items(task)
     if n_d + n_h > limit:
         sizes = ", ".join(f"{s}={task.space_size(s)}" for s in task.subtasks)
-        raise ValueError(
+        raise OptionError(
             f"task {task.name!r}: asked for {n_d} + {n_h} = {n_d + n_h} distinct items, the maximum is "
             f"{limit} (equal shares over {k} subtasks; template spaces {sizes})"
         )
@@ -91,7 +92,7 @@ def _sampled_panels(task: Task, n_d: int, n_h: int, rng: np.random.Generator):
             seen.setdefault(item.id, item)
         stalled = stalled + 1 if len(seen) == before else 0
         if stalled >= _FALLBACK_STALL_ROUNDS:
-            raise ValueError(
+            raise OptionError(
                 f"task {task.name!r}: asked for {n_d} + {n_h} = {wanted} distinct items, but "
                 f"{_FALLBACK_STALL_ROUNDS} rounds of sampling found no new item past {len(seen)}; "
                 f"the maximum appears to be {len(seen)}"

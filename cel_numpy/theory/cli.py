@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from cel_numpy.errors import OptionError
 from cel_numpy.theory.train import TrainConfig
 
 DEFAULT_SWEEP_SCALES = "1e-4,1e-3,1e-2,1e-1,3e-1,1"
@@ -36,12 +37,10 @@ def register(subparsers) -> None:
 
 
 def _config(args) -> TrainConfig:
-    from cel_numpy.cli import UserError
-
     if not 0.0 <= args.p_a <= 1.0:
-        raise UserError(f"--p-a must lie in [0, 1], got {args.p_a}")
+        raise OptionError(f"--p-a must lie in [0, 1], got {args.p_a}")
     if args.eval_samples < 100:
-        raise UserError(f"--eval-samples must be >= 100, got {args.eval_samples}")
+        raise OptionError(f"--eval-samples must be >= 100, got {args.eval_samples}")
     try:
         return TrainConfig(
             n_heads=args.heads,
@@ -53,18 +52,16 @@ def _config(args) -> TrainConfig:
             log_every=max(1, args.steps // 60),
         )
     except ValueError as err:
-        raise UserError(str(err)) from None
+        raise OptionError(str(err)) from None
 
 
 def _parse_scales(text: str) -> list[float]:
-    from cel_numpy.cli import UserError
-
     try:
         scales = [float(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise UserError(f"--sweep-scales must be comma-separated numbers, got {text!r}") from None
+        raise OptionError(f"--sweep-scales must be comma-separated numbers, got {text!r}") from None
     if not scales or any(s <= 0 for s in scales):
-        raise UserError(f"--sweep-scales must be positive numbers, got {text!r}")
+        raise OptionError(f"--sweep-scales must be positive numbers, got {text!r}")
     return scales
 
 
@@ -105,9 +102,7 @@ def main(args: argparse.Namespace) -> int:
 
         scales = _parse_scales(args.sweep_scales)
         if args.sweep_seeds < 1:
-            from cel_numpy.cli import UserError
-
-            raise UserError(f"--sweep-seeds must be >= 1, got {args.sweep_seeds}")
+                    raise OptionError(f"--sweep-seeds must be >= 1, got {args.sweep_seeds}")
         seeds = list(range(args.seed, args.seed + args.sweep_seeds))
         records = sweep_init(config, scales, seeds, eval_samples=args.eval_samples, progress=progress)
         (out / "sweep.json").write_text(json.dumps({"config": config.to_dict(), "runs": records}, indent=2) + "\n")
