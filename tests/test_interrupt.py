@@ -1,0 +1,239 @@
+"""Interrupted localization runs: Ctrl-C and SIGKILL mid-stage, then resume.
+
+A real `cel-numpy localize` runs in a subprocess on a random 8-head theory model (params.npz
+written here; 84 joint conditions, so a stage can be caught in the middle). The subprocess runs
+through a small driver that logs every stage it enters and every condition it evaluates, and
+can sleep per condition so the test can interrupt it during the joint stage. After the
+interruption the same command is rerun, and the test checks that
+
+  * no finished condition is evaluated again: the resumed run evaluates exactly the joint
+    conditions that were not complete on disk, in plan order, and nothing of the finished stages;
+  * no partial record is accepted: a torn (unterminated) line left by a kill is dropped, a half
+    line appended to a finished stage's records is refused;
+  * the results equal those of an uninterrupted run: every records file byte for byte, every
+    done-file apart from its timestamp, finalists.json and report.json;
+  * a second writer is refused by the lock while the first runs; a lock left by SIGKILL is
+    taken over with a note (its pid is no longer running).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cel_numpy.cli import main
+from cel_numpy.theory.model import init_params
+
+N_DISCOVERY = N_HELDOUT = 30
+N_JOINT = 28 + 56  # pairs and triples of 8 nominees
+STAGES = ("baseline", "screen", "joint", "confirm", "heldout", "crosstask")
+
+DRIVER = r'''
+import os, sys, time
+from cel_numpy.localize import evaluate, routine
+
+LOG, DELAY = os.environ["CEL_TEST_LOG"], float(os.environ.get("CEL_TEST_DELAY", "0"))
+
+
+def log(line):
+    with open(LOG, "a") as fh:
+        fh.write(line + "\n")
+
+
+run_stage = routine.Localizer._run_stage
+evaluate_condition = evaluate.TheoryEvaluator.evaluate_condition
+
+
+def logged_stage(self, stage, *args, **kwargs):
+    log(f"stage {stage}")
+    return run_stage(self, stage, *args, **kwargs)
+
+
+def logged_condition(self, items, cond):
+    log(f"eval {evaluate.condition_name(cond)}")
+    time.sleep(DELAY)
+    return evaluate_condition(self, items, cond)
+
+
+routine.Localizer._run_stage = logged_stage
+evaluate.TheoryEvaluator.evaluate_condition = logged_condition
+from cel_numpy.cli import main
+
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """(params.npz, driver script, finished reference run directory)."""
+    root = tmp_path_factory.mktemp("interrupt")
+    params = init_params(np.random.default_rng(0), n_heads=8, n_types=8, d_content=8, init_scale=1.0)
+    np.savez(root / "params.npz", **params)
+    driver = root / "driver.py"
+    driver.write_text(DRIVER)
+    reference = root / "reference"
+    assert main(argv(root / "params.npz", reference) + ["--quiet"]) == 0
+    return root / "params.npz", driver, reference
+
+
+def argv(params: Path, out: Path) -> list[str]:
+    return ["localize", "--model", f"theory:{params}", "--task", "A", "--discovery", str(N_DISCOVERY),
+            "--heldout", str(N_HELDOUT), "--out", str(out)]
+
+
+def start(driver: Path, params: Path, out: Path, log: Path, delay: float, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "CEL_TEST_LOG": str(log), "CEL_TEST_DELAY": str(delay), "OPENBLAS_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, str(driver), *argv(params, out), *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for_joint_records(proc: subprocess.Popen, out: Path, timeout: float = 60.0) -> None:
+    """Return once the joint stage has appended its first chunk of blocks (the run is mid-stage)."""
+    records = out / "joint.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if records.exists() and records.stat().st_size > 0:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (status {proc.returncode}) before the joint stage: {proc.stderr.read()}")
+        time.sleep(0.02)
+    proc.kill()
+    pytest.fail("the joint stage did not start within the timeout")
+
+
+def complete_blocks(records: Path) -> list[str]:
+    """Names of the blocks whose every line (one per discovery item) is on disk, newline-terminated."""
+    lines = records.read_bytes().split(b"\n")[:-1]  # the part after the last newline is not a record
+    names = [json.loads(line)["block"] for line in lines]
+    blocks = []
+    for i in range(0, len(names) - N_DISCOVERY + 1, N_DISCOVERY):
+        assert len(set(names[i:i + N_DISCOVERY])) == 1, f"blocks interleaved at line {i + 1}"
+        blocks.append(names[i])
+    return blocks
+
+
+def evaluations_by_stage(log: Path) -> dict[str, list[str]]:
+    """Condition names evaluated in each stage, in order, from the driver's log."""
+    by_stage: dict[str, list[str]] = {}
+    stage = None
+    for line in log.read_text().splitlines():
+        kind, name = line.split(" ", 1)
+        if kind == "stage":
+            stage = name
+            by_stage.setdefault(stage, [])
+        else:
+            by_stage[stage].append(name)
+    return by_stage
+
+
+def assert_same_results(out: Path, reference: Path) -> None:
+    for stage in STAGES:
+        assert (out / f"{stage}.jsonl").read_bytes() == (reference / f"{stage}.jsonl").read_bytes(), stage
+        done, ref_done = (json.loads((d / f"{stage}.done.json").read_text()) for d in (out, reference))
+        done.pop("finished"), ref_done.pop("finished")
+        assert done == ref_done, stage
+    for name in ("finalists.json", "report.json", "panels/discovery.jsonl", "panels/heldout.jsonl"):
+        assert (out / name).read_text() == (reference / name).read_text(), name
+    assert not (out / "lock").exists()
+
+
+def joint_plan(reference: Path) -> list[str]:
+    return complete_blocks(reference / "joint.jsonl")
+
+
+def resume_and_check(driver, params, out, reference, log, on_disk: list[str]) -> str:
+    """Rerun the same command; check what it evaluated and what it produced; return its stderr."""
+    proc = start(driver, params, out, log, 0.0)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    evaluated = evaluations_by_stage(log)
+    for stage in ("baseline", "screen"):
+        assert evaluated[stage] == [], f"{stage} was finished, yet evaluated again: {evaluated[stage]}"
+    plan = joint_plan(reference)
+    assert plan[: len(on_disk)] == on_disk
+    assert evaluated["joint"] == plan[len(on_disk):], "the resumed joint stage must evaluate exactly what was missing"
+    assert f"joint      resuming after {len(on_disk)} of {N_JOINT} conditions" in stderr
+    assert_same_results(out, reference)
+    return stderr
+
+
+def test_ctrl_c_mid_stage_then_resume(setup, tmp_path):
+    params, driver, reference = setup
+    out = tmp_path / "run"
+    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet")
+    wait_for_joint_records(proc, out)
+
+    second = start(driver, params, out, tmp_path / "second.log", 0.0, "--quiet")  # a second writer
+    _, err2 = second.communicate(timeout=60)
+    assert second.returncode == 2
+    assert err2.strip() == f"cel-numpy localize: error: {out / 'lock'} is held by pid {proc.pid} on {os.uname().nodename}: " \
+                           "another run is writing here", err2
+
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines() == ["cel-numpy localize: interrupted; rerun the same command to resume"], stderr
+    assert not (out / "lock").exists(), "Ctrl-C must release the lock"
+    assert not (out / "joint.done.json").exists()
+    on_disk = complete_blocks(out / "joint.jsonl")
+    assert 0 < len(on_disk) < N_JOINT, "the interruption should land inside the joint stage"
+
+    resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
+
+
+def test_sigkill_mid_stage_torn_line_then_resume(setup, tmp_path):
+    params, driver, reference = setup
+    out = tmp_path / "run"
+    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet")
+    wait_for_joint_records(proc, out)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert (out / "lock").read_text().split()[0] == str(proc.pid), "SIGKILL leaves the lock behind"
+    on_disk = complete_blocks(out / "joint.jsonl")
+    assert 0 < len(on_disk) < N_JOINT
+    with open(out / "joint.jsonl", "ab") as fh:  # a write cut short: half a record, no newline
+        fh.write(b'{"block": "L0H1+L0H2", "panel": "discovery", "heads": [[0, 1], [0')
+
+    stderr = resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
+    assert f"taking over the stale lock {out / 'lock'} of pid {proc.pid}" in stderr
+    assert "lines of an incomplete block)" in stderr  # the torn line was dropped, not parsed
+
+
+def test_half_line_appended_to_a_finished_stage_is_refused(setup, tmp_path, capsys):
+    params, _, reference = setup
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    records = out / "screen.jsonl"
+    before = records.read_bytes()
+    with open(records, "ab") as fh:
+        fh.write(b'{"block": "L0H3", "panel": "disc')
+    assert main(argv(params, out) + ["--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"cel-numpy localize: error: {records} does not match screen.done.json (sha256 differs: edited or corrupted); "
+        "use a fresh --out, or delete screen.jsonl and screen.done.json (and every later stage) to redo it"
+    ], err
+    assert records.read_bytes() == before + b'{"block": "L0H3", "panel": "disc', "a refused run must not touch the records"
+
+
+def test_ctrl_c_with_worker_processes_is_one_line(setup, tmp_path):
+    params, driver, reference = setup
+    out = tmp_path / "run"
+    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet", "--workers", "2")
+    wait_for_joint_records(proc, out)
+    os.killpg(proc.pid, signal.SIGINT)  # the whole process group, workers included
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines() == ["cel-numpy localize: interrupted; rerun the same command to resume"], stderr
+    on_disk = complete_blocks(out / "joint.jsonl")
+    resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
