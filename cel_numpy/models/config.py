@@ -29,14 +29,14 @@ class ConfigError(UserError, ValueError):
 def _required(hf: dict, key: str):
     """hf[key], or a ConfigError naming the missing key."""
     if key not in hf or hf[key] is None:
-        raise ConfigError(f"config.json has no {key!r}")
+        raise ConfigError(f"missing key {key!r}")
     return hf[key]
 
 
 def _count(value, key: str) -> int:
     """A positive integer read from config.json (checked before any arithmetic on it)."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"config.json {key} must be a positive integer, got {value!r}")
+        raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     return value
 
 
@@ -122,7 +122,7 @@ class ModelConfig:
     def from_hf_config(cls, hf: dict, name: str = "") -> "ModelConfig":
         """Read a Hugging Face config.json dictionary (GPT-2 or Llama architectures)."""
         if not isinstance(hf, dict):
-            raise ConfigError(f"config.json must hold a JSON object, got {type(hf).__name__}")
+            raise ConfigError(f"expected a JSON object, got {type(hf).__name__}")
         model_type = hf.get("model_type")
         if model_type not in HF_ARCHITECTURES:
             archs = hf.get("architectures") or []
@@ -169,7 +169,7 @@ def _llama_from_hf(hf: dict, name: str) -> ModelConfig:
     # transformers <5 writes rope_theta/rope_scaling; 5.x writes rope_parameters.
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if not isinstance(rope, dict):
-        raise ConfigError(f"config.json rope_scaling must be an object, got {rope!r}")
+        raise ConfigError(f"rope_scaling must be an object, got {rope!r}")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise ConfigError(f"rope scaling {rope_type!r} not supported (plain rotary only)")

@@ -11,10 +11,11 @@ reader's `data` already has NumPy order (out, in[bytes]); we rebuild the element
 reversing `tensor.shape`. Tensor names and layouts are mapped by the shared table in
 loaders.py, which also undoes llama.cpp's Q/K row permutation.
 
-Damaged files: the reader's exceptions of every kind become one `ModelFileError`; its header
-parser is guarded against an array length that runs past the end of the file (past the end it
-reads empty views without advancing, so it could loop for as long as the bogus length says); tensor byte ranges are checked against
-the file size, and the metadata and every needed tensor's shape against each other
+Damaged files: the reader's exceptions of every kind become one `ModelFileError`. Its reads are
+guarded against running past the end of the file (past the end it would get empty views without
+advancing, so a damaged array length could make it loop for as long as the bogus length says),
+and an array length that cannot fit in the file is refused before the loop; tensor byte ranges
+are checked against the file size, and the metadata and every needed tensor's shape against each other
 (`loaders.check_tensors`), before any weight is read.
 """
 
@@ -55,6 +56,14 @@ def _reader_class():
         @data.setter
         def data(self, value):
             self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+        def _get(self, offset, dtype, count=1, override_order=None):
+            """Refuse to read past the end (the reader would get a short or empty view and go on)."""
+            end = int(offset) + np.dtype(dtype).itemsize * int(count)
+            if end > len(self._data):
+                raise ValueError(f"{end - int(offset)} bytes at byte {int(offset)} run past the end of the file "
+                                 f"({len(self._data)} bytes)")
+            return super()._get(offset, dtype, count, override_order)
 
         def _get_field_parts(self, orig_offs, raw_type):
             """Refuse an array whose length cannot fit in the rest of the file (before looping over it)."""

@@ -503,6 +503,9 @@ def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = la
 
     A tokenizer is picked up from OUT_STEM.vocab.json + OUT_STEM.merges.txt next to the file.
     """
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":  # every .npz is a zip archive
+            raise ModelFileError(f"{path}: not an .npz file (no zip signature); {NPZ_HINT}")
     try:
         archive = np.load(path, allow_pickle=False)
     except Exception as err:  # zipfile, NumPy and OS errors of every kind: the file is not an .npz

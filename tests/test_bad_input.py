@@ -1,0 +1,667 @@
+"""Bad input: damaged model files, odd text, impossible options -- one clear line each, never a crash.
+
+* CASES: every bad input of docs/bad_input.md, run through the real command line (`main`) in
+  process: exactly one line on stderr, "cel-numpy CMD: error: ...", exit status 2, and the
+  message the table quotes. `python tests/test_bad_input.py` prints the table rows; a test
+  checks that the table in docs/bad_input.md quotes what the commands print now.
+* Fuzz: seeded random truncations and bit flips of the committed tiny fixtures (two HF folders,
+  the .npz export) and of a GGUF file written here. Every outcome is a successful load or a
+  ModelFileError whose one-line message names the file; a flip inside tensor data must load.
+* Tokenizer properties (hypothesis): decode(encode(s)) == s for arbitrary Unicode, GPT-2 and
+  SmolLM2 vocabularies; text that is not valid Unicode is a PromptError.
+* Options and prompts that depend on the model are checked before its weights are read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cel_numpy as cn
+from cel_numpy.cli import main
+from cel_numpy.errors import ModelFileError, OptionError, PromptError, UserError
+from cel_numpy.models.model import InvalidHeadError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_gguf import smollm2_mix, write_tiny_gguf  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures"
+DOC = Path(__file__).parent.parent / "docs" / "bad_input.md"
+
+
+# =========================================================================== helpers
+
+
+def copy_fixture(tmp: Path, name: str) -> Path:
+    target = tmp / name
+    if (FIXTURES / name).is_dir():
+        shutil.copytree(FIXTURES / name, target)
+    else:
+        shutil.copy(FIXTURES / name, target)
+    return target
+
+
+def with_tokenizer(folder: Path) -> Path:
+    """Add a 96-token byte-level vocabulary (printable ASCII, no merges) to a tiny folder."""
+    from cel_numpy.models.tokenizer import bytes_to_unicode
+
+    b2u = bytes_to_unicode()
+    (folder / "vocab.json").write_text(json.dumps({b2u[b]: b - 32 for b in range(32, 128)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return folder
+
+
+def edit_config(folder: Path, **changes) -> Path:
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **changes}))
+    return folder
+
+
+def rewrite_safetensors(folder: Path, edit: Callable[[dict], None]) -> Path:
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, folder / "model.safetensors")
+    return folder
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """(exit status, stderr) of `cel-numpy ARGV`, in process; usage errors exit through SystemExit."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            status = main(argv)
+        except SystemExit as exit_:
+            status = exit_.code
+    return status, err.getvalue()
+
+
+# =========================================================================== the table's cases
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    what: str  # the bad input, for the table
+    setup: Callable[[Path], list[str]]  # tmp dir -> argv
+    expect: str  # regex the one-line message must match
+    status: int = 2
+    os_dependent: bool = False  # the OS's own wording (root vs user): not quoted verbatim in the table
+
+
+def _gguf(tmp: Path, edit: Callable[[bytearray, Path], None] | None = None) -> Path:
+    path = tmp / "tiny.gguf"
+    write_tiny_gguf(path, smollm2_mix)
+    if edit is not None:
+        data = bytearray(path.read_bytes())
+        edit(data, path)
+        path.write_bytes(bytes(data))
+    return path
+
+
+def _gguf_array_length(data: bytearray, path: Path) -> None:
+    """Set a high bit of the token-type array's length: 2^52 items claimed."""
+    import gguf
+
+    field = gguf.GGUFReader(path).fields["tokenizer.ggml.token_type"]
+    data[field.offset + sum(int(p.nbytes) for p in field.parts[:4]) + 6] ^= 0x10
+
+
+def _npz(tmp: Path, drop: str | None = None, replace: dict | None = None) -> Path:
+    with np.load(FIXTURES / "tiny_gpt2.npz") as z:
+        arrays = {k: z[k] for k in z.files if k != drop}
+    arrays.update(replace or {})
+    path = tmp / "model.npz"
+    np.savez(path, **arrays)
+    return path
+
+
+def _theory_params(tmp: Path) -> Path:
+    from cel_numpy.theory.model import init_params
+
+    np.savez(tmp / "params.npz", **init_params(np.random.default_rng(0), 4, 8, 8, 1.0))
+    return tmp / "params.npz"
+
+
+def _unwritable(tmp: Path) -> Path:
+    """A directory this process cannot create entries in (sysfs when running as root)."""
+    if os.geteuid() == 0:
+        return Path("/sys/cel-numpy-test")
+    ro = tmp / "readonly"
+    ro.mkdir()
+    ro.chmod(0o555)
+    return ro / "run"
+
+
+def _localize(model: str, out: Path, *extra: str) -> list[str]:
+    return ["localize", "--model", model, "--out", str(out), "--discovery", "4", "--heldout", "4", "--quiet", *extra]
+
+
+def _manifest_mismatch(tmp: Path) -> list[str]:
+    params = _theory_params(tmp)
+    argv = _localize(f"theory:{params}", tmp / "run", "--task", "A", "--stage", "baseline")
+    assert run_cli(argv)[0] == 0
+    return argv[:-2] + ["--seed", "1", "--stage", "baseline"]
+
+
+def _lock_held(tmp: Path) -> list[str]:
+    (tmp / "run").mkdir()
+    (tmp / "run" / "lock").write_text(f"1 {socket.gethostname()} 2026-01-01T00:00:00\n")  # pid 1 always runs
+    return _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
+
+
+CASES = [
+    # ------------------------------------------------------------------ model files
+    Case("folder-without-config", "a folder without config.json",
+         lambda t: ["inspect", "--model", str((t / "empty").mkdir() or t / "empty")],
+         r"empty: no config\.json \(not a Hugging Face model folder\)"),
+    Case("unknown-architecture", "config.json with model_type mistral",
+         lambda t: ["inspect", "--model", str(edit_config(copy_fixture(t, "tiny_llama"), model_type="mistral"))],
+         r"config\.json: unsupported architecture 'mistral' in config\.json; supported model_type: gpt2, llama"),
+    Case("config-bad-value", "config.json with n_head 0",
+         lambda t: ["inspect", "--model", str(edit_config(copy_fixture(t, "tiny_gpt2"), n_head=0))],
+         r"config\.json: n_head must be a positive integer, got 0"),
+    Case("config-truncated", "config.json cut in half",
+         lambda t: ["inspect", "--model", str(_truncate(copy_fixture(t, "tiny_gpt2"), "config.json", 0.5))],
+         r"config\.json: invalid JSON .*download it again"),
+    Case("no-weights", "a folder with config.json but no weights",
+         lambda t: ["inspect", "--model", str(_drop(copy_fixture(t, "tiny_gpt2"), "model.safetensors"))],
+         r"no model\.safetensors or model\.safetensors\.index\.json"),
+    Case("safetensors-truncated", "model.safetensors cut in half (an interrupted download)",
+         lambda t: ["inspect", "--model", str(_truncate(copy_fixture(t, "tiny_gpt2"), "model.safetensors", 0.5))],
+         r"model\.safetensors: tensor \S+ ends at byte \d+, past the end of the file \(\d+ bytes\); .*download it again"),
+    Case("safetensors-header-past-end", "model.safetensors whose header length points past the end",
+         lambda t: ["inspect", "--model", str(_patch(copy_fixture(t, "tiny_gpt2"), "model.safetensors", 0,
+                                                     struct.pack("<Q", 10**9)))],
+         r"model\.safetensors: the header claims 1000000000 bytes but the file has \d+ after its length field"),
+    Case("safetensors-garbage-header", "model.safetensors with a damaged header (not JSON)",
+         lambda t: ["inspect", "--model", str(_patch(copy_fixture(t, "tiny_gpt2"), "model.safetensors", 8, b"\xff" * 16))],
+         r"model\.safetensors: the safetensors header is not valid JSON; the file is damaged or truncated"),
+    Case("wrong-file", "an HTML error page saved as model.safetensors",
+         lambda t: ["inspect", "--model", str(_replace(copy_fixture(t, "tiny_gpt2"), "model.safetensors",
+                                                       b"<!DOCTYPE html><html><body>404 Not Found</body></html>\n"))],
+         r"model\.safetensors: the header claims \d+ bytes but the file has \d+ after its length field: not a safetensors"),
+    Case("wrong-dtype", "a weight stored as int32",
+         lambda t: ["inspect", "--model", str(rewrite_safetensors(copy_fixture(t, "tiny_gpt2"), lambda w: w.update(
+             {"transformer.ln_f.weight": w["transformer.ln_f.weight"].astype(np.int32)})))],
+         r"tensor transformer\.ln_f\.weight is stored as I32, not as floating point"),
+    Case("wrong-shape", "weights that do not match config.json (n_positions 64 -> 128)",
+         lambda t: ["inspect", "--model", str(edit_config(copy_fixture(t, "tiny_gpt2"), n_positions=128))],
+         r"tensor transformer\.wpe\.weight has shape \(64, 32\), the config needs \(128, 32\): the config and the "
+         r"weights do not belong together"),
+    Case("missing-tensor", "a checkpoint without one tensor",
+         lambda t: ["inspect", "--model", str(rewrite_safetensors(copy_fixture(t, "tiny_llama"),
+                                                                  lambda w: w.pop("model.layers.1.mlp.up_proj.weight")))],
+         r"checkpoint has no tensor 'model\.layers\.1\.mlp\.up_proj\.weight' \(needed for blocks\.1\.mlp\.W_in\)"),
+    Case("too-many-layers", "config.json claiming 100000 layers",
+         lambda t: ["inspect", "--model", str(edit_config(copy_fixture(t, "tiny_llama"), num_hidden_layers=100000))],
+         r"the config says 100000 layers but the checkpoint holds only \d+ tensors"),
+    Case("tokenizer-damaged", "a truncated vocab.json next to the weights",
+         lambda t: ["inspect", "--model", str(_truncate(with_tokenizer(copy_fixture(t, "tiny_gpt2")), "vocab.json", 0.5))],
+         r"vocab\.json: malformed tokenizer file \(JSONDecodeError: "),
+    Case("gguf-truncated-header", "a GGUF file cut inside its header",
+         lambda t: ["inspect", "--model", str(_gguf(t, lambda d, p: d.__delitem__(slice(300, None))))],
+         r"tiny\.gguf: unreadable GGUF file \(.*\); the file may be truncated or damaged: delete it and download it "
+         r"again \(cel-numpy fetch smollm2\)"),
+    Case("gguf-truncated-data", "a GGUF file cut inside its tensor data",
+         lambda t: ["inspect", "--model", str(_gguf(t, lambda d, p: d.__delitem__(slice(len(d) - 100, None))))],
+         r"tiny\.gguf: unreadable GGUF file \(ValueError: \d+ bytes at byte \d+ run past the end of the file "
+         r"\(\d+ bytes\)\); the file may be truncated"),
+    Case("gguf-array-length", "a GGUF metadata array whose length runs past the end (one bit flipped)",
+         lambda t: ["inspect", "--model", str(_gguf(t, _gguf_array_length))],
+         r"tiny\.gguf: unreadable GGUF file \(ValueError: metadata array at byte \d+ claims \d+ items, more than "
+         r"the file holds\)"),
+    Case("gguf-not-gguf", "a text file named model.gguf",
+         lambda t: ["inspect", "--model", str(_write(t, "model.gguf", b"this is not a model\n" * 10))],
+         r"model\.gguf: unreadable GGUF file \(ValueError: GGUF magic invalid\)"),
+    Case("gguf-architecture", "a GGUF file of an unsupported architecture (falcon)",
+         lambda t: ["inspect", "--model", str(_gguf_arch(t, "falcon"))],
+         r"falcon\.gguf: GGUF architecture 'falcon' is not supported; supported: llama"),
+    Case("npz-not-zip", "a .npz file that is not a zip archive",
+         lambda t: ["inspect", "--model", str(_write(t, "model.npz", b"\x00" * 100))],
+         r"model\.npz: not an \.npz file \(no zip signature\); not a cel-numpy \.npz export, or damaged"),
+    Case("npz-truncated", "a .npz export cut in half",
+         lambda t: ["inspect", "--model", str(_truncate_file(_npz(t), 0.5))],
+         r"model\.npz: unreadable \.npz file \(BadZipFile: File is not a zip file\)"),
+    Case("npz-no-config", "a .npz without config_json",
+         lambda t: ["inspect", "--model", str(_npz(t, drop="config_json"))],
+         r"model\.npz: no config_json entry; not a cel-numpy \.npz export"),
+    Case("npz-missing-array", "a .npz without one weight",
+         lambda t: ["inspect", "--model", str(_npz(t, drop="blocks.1.mlp.W_out"))],
+         r"model\.npz: checkpoint has no tensor 'blocks\.1\.mlp\.W_out'"),
+    Case("npz-wrong-dtype", "a .npz weight stored as int64",
+         lambda t: ["inspect", "--model", str(_npz(t, replace={"ln_f.w": np.ones(32, dtype=np.int64)}))],
+         r"model\.npz: tensor ln_f\.w is stored as int64, not as floating point"),
+    Case("unknown-suffix", "a weights file of an unknown kind (weights.bin)",
+         lambda t: ["inspect", "--model", str(_write(t, "weights.bin", b"\x00"))],
+         r"weights\.bin: don't know how to load this file: expected a Hugging Face folder, a \.gguf or a \.npz file"),
+    Case("unknown-model", "a model name that is neither known nor a path",
+         lambda t: ["inspect", "--model", "llama-7b"],
+         r"model 'llama-7b' not found: give a known name \(smollm2\), a Hugging Face folder, a \.gguf or a \.npz file"),
+    Case("fetch-unknown", "fetching an unknown name",
+         lambda t: ["fetch", "llama-7b"],
+         r"unknown name 'llama-7b'; known names: gpt2-tokenizer, smollm2"),
+    # ------------------------------------------------------------------ prompts
+    Case("empty-prompt", "an empty prompt",
+         lambda t: ["generate", "--model", str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))), ""],
+         r"the prompt is empty: give some text"),
+    Case("prompt-too-long", "a prompt longer than the context window (64 tokens)",
+         lambda t: ["generate", "--model", str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))), "x" * 60],
+         r"the prompt is 60 tokens; with --max-new-tokens 16 that is 76, more than the model's context of 64 "
+         r"tokens: shorten it"),
+    Case("prompt-not-unicode", "a prompt with invalid UTF-8 bytes (Python passes them on as lone surrogates)",
+         lambda t: ["generate", "--model", str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))), "caf\udcc3"],
+         r"text is not valid Unicode: lone surrogate U\+DCC3 at character 3"),
+    Case("prompt-no-tokenizer", "text for a model without tokenizer files",
+         lambda t: ["generate", "--model", str(copy_fixture(t, "tiny_gpt2")), "hello"],
+         r"was loaded without tokenizer files \(tokenizer\.json or vocab\.json \+ merges\.txt\): pass token ids"),
+    Case("task-prompt-too-long", "localizing a task whose prompts exceed the model's context",
+         lambda t: _localize(str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))), t / "run", "--task", "capitals",
+                             "--cross-tasks", "none"),
+         r"task 'capitals' \(discovery panel\): a prompt needs \d+ tokens with its answer, more than the model's "
+         r"context of 64 tokens"),
+    # ------------------------------------------------------------------ options
+    Case("head-malformed", "--ablate 1-2",
+         lambda t: ["generate", "--model", str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))), "hi", "--ablate", "1-2"],
+         r"--ablate: '1-2' is not LAYER\.HEAD \(e\.g\. 3\.1\) or LxHy \(e\.g\. L3H1\)"),
+    Case("head-out-of-range", "--ablate 7.0 on a 2-layer model (checked before the weights are read)",
+         lambda t: ["generate", "--model", str(_truncate(with_tokenizer(copy_fixture(t, "tiny_gpt2")),
+                                                          "model.safetensors", 0.5)), "hi", "--ablate", "7.0"],
+         r"--ablate: head \(7, 0\) out of range: the model has 2 layers x 4 heads, 0\.0 to 1\.3 \(0-based\)"),
+    Case("head-twice", "--ablate 1.2,L1H2 (the same head twice)",
+         lambda t: ["generate", "--model", "smollm2", "hi", "--ablate", "1.2,L1H2"],
+         r"--ablate: head 1\.2 is given twice"),
+    Case("unknown-task", "localize --task capital (a typo)",
+         lambda t: _localize("smollm2", t / "run", "--task", "capital"),
+         r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, capitals, "
+         r"greater_than, ioi"),
+    Case("unknown-cross-task", "localize --cross-tasks ioi,nope",
+         lambda t: _localize("smollm2", t / "run", "--task", "capitals", "--cross-tasks", "ioi,nope"),
+         r"unknown task 'nope'; known tasks: "),
+    Case("unknown-localize-model", "localize --model gpt-2 (not a known name or a path)",
+         lambda t: _localize("gpt-2", t / "run", "--task", "ioi"),
+         r"--model 'gpt-2' not found: give a known name \(smollm2, theory, theory:PATH/params\.npz\), a Hugging Face "
+         r"folder, a \.gguf or a \.npz file"),
+    Case("theory-task", "localize --model theory --task arithmetic (checked before training)",
+         lambda t: _localize("theory", t / "run", "--task", "arithmetic"),
+         r"--model theory has tasks A and B \(theory-A, theory-B\), not 'arithmetic'"),
+    Case("panel-too-large", "localize --task greater_than --discovery 5000 --heldout 5000",
+         lambda t: ["localize", "--model", "smollm2", "--task", "greater_than", "--out", str(t / "run"),
+                    "--discovery", "5000", "--heldout", "5000"],
+         r"task 'greater_than' can produce at most 7760 distinct items; --discovery 5000 \+ --heldout 5000 = 10000: "
+         r"ask for fewer"),
+    Case("batch-size-zero", "localize --batch-size 0",
+         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--batch-size", "0"),
+         r"--batch-size must be >= 1, got 0"),
+    Case("stage-unknown", "localize --stage joint-search",
+         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--stage", "joint-search"),
+         r"--stage must be one of baseline, screen, joint, confirm, heldout, crosstask, report, got 'joint-search'"),
+    Case("not-a-number", "localize --discovery many",
+         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--discovery", "many"),
+         r"^cel-numpy localize: error: argument --discovery: invalid int value: 'many' \(see cel-numpy localize --help\)$"),
+    Case("out-is-a-file", "localize --out pointing at an existing file",
+         lambda t: _localize("smollm2", _write(t, "notes.txt", b"x"), "--task", "ioi"),
+         r"--out \S+notes\.txt is an existing file, not a directory"),
+    Case("out-under-a-file", "localize --out under an existing file",
+         lambda t: _localize("smollm2", _write(t, "notes.txt", b"x") / "run", "--task", "ioi"),
+         r"cannot write to --out \S+notes\.txt/run: Not a directory"),
+    Case("out-unwritable", "localize --out in a directory the user cannot write to",
+         lambda t: _localize("smollm2", _unwritable(t), "--task", "ioi"),
+         r"cannot write to --out \S+: (Permission denied|Operation not permitted)", os_dependent=True),
+    Case("theory-option", "theory --p-a 1.5",
+         lambda t: ["theory", "--p-a", "1.5", "--out", str(t / "theory")],
+         r"--p-a must lie in \[0, 1\], got 1\.5"),
+    # ------------------------------------------------------------------ run directories
+    Case("run-different-options", "rerunning into a run directory made with other options (--seed 1)",
+         _manifest_mismatch,
+         r"manifest\.json describes a different run \(seed: 0 there, 1 now\); use a fresh --out"),
+    Case("lock-held", "a run directory another live process writes to",
+         _lock_held,
+         r"lock is held by pid 1 on \S+: another run is writing here"),
+]
+
+
+def _truncate(folder: Path, name: str, fraction: float) -> Path:
+    _truncate_file(folder / name, fraction)
+    return folder
+
+
+def _truncate_file(path: Path, fraction: float) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * fraction)])
+    return path
+
+
+def _drop(folder: Path, name: str) -> Path:
+    (folder / name).unlink()
+    return folder
+
+
+def _patch(folder: Path, name: str, offset: int, patch: bytes) -> Path:
+    data = bytearray((folder / name).read_bytes())
+    data[offset : offset + len(patch)] = patch
+    (folder / name).write_bytes(bytes(data))
+    return folder
+
+
+def _write(where: Path, name: str, content: bytes) -> Path:
+    path = where / name
+    path.write_bytes(content)
+    return path
+
+
+def _replace(folder: Path, name: str, content: bytes) -> Path:
+    _write(folder, name, content)
+    return folder
+
+
+def _gguf_arch(tmp: Path, arch: str) -> Path:
+    import gguf
+
+    path = tmp / f"{arch}.gguf"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def run_case(case: Case, tmp: Path) -> tuple[int, str]:
+    argv = case.setup(tmp)
+    try:
+        return run_cli(argv)
+    finally:
+        ro = tmp / "readonly"
+        if ro.exists():
+            ro.chmod(0o755)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_clear_line(case, tmp_path):
+    status, err = run_case(case, tmp_path)
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected exactly one line on stderr, got:\n{err}"
+    assert status == case.status, err
+    assert re.match(r"cel-numpy \w+: error: ", lines[0]), lines[0]
+    assert re.search(case.expect, lines[0]), lines[0]
+    assert "Traceback" not in err
+
+
+def table_message(case: Case, tmp: Path) -> str:
+    """The case's stderr line with the temporary folder written as DIR and this host as HOST."""
+    _, err = run_case(case, tmp)
+    line = err.strip().replace(str(tmp), "DIR").replace(socket.gethostname(), "HOST")
+    return line.replace("|", "\\|")
+
+
+def table_rows(tmp_root: Path) -> list[str]:
+    rows = []
+    for case in CASES:
+        tmp = tmp_root / case.id
+        tmp.mkdir()
+        rows.append(f"| {case.what} | `{table_message(case, tmp)}` | test_bad_input.py::{case.id} |")
+    return rows
+
+
+def test_docs_table_quotes_what_the_commands_print(tmp_path):
+    """docs/bad_input.md shows, for every case, the line the command prints now."""
+    doc = DOC.read_text(encoding="utf-8")
+    quoted = {}
+    for line in doc.splitlines():
+        m = re.match(r"\| .* \| `(.*)` \| test_bad_input\.py::(\S+) \|$", line)
+        if m:
+            quoted[m.group(2)] = m.group(1)
+    assert set(quoted) == {c.id for c in CASES}, "docs/bad_input.md and CASES list different cases"
+    for case in CASES:
+        if case.os_dependent:
+            continue
+        tmp = tmp_path / case.id
+        tmp.mkdir()
+        assert quoted[case.id] == table_message(case, tmp), f"docs/bad_input.md is out of date for {case.id}"
+
+
+# =========================================================================== fuzz
+
+
+def mutations(data: bytes, rng: np.random.Generator, n: int, header_bytes: int):
+    """n damaged copies: truncations and 1-3 bit flips, half of them inside the first header_bytes."""
+    for k in range(n):
+        near_header = k % 4 >= 2
+        hi = min(len(data), header_bytes) if near_header else len(data)
+        if k % 2 == 0:
+            cut = int(rng.integers(0, hi))
+            yield f"truncated to {cut} bytes", data[:cut], False
+        else:
+            out = bytearray(data)
+            flips = [int(rng.integers(0, hi)) for _ in range(int(rng.integers(1, 4)))]
+            for pos in flips:
+                out[pos] ^= 1 << int(rng.integers(0, 8))
+            yield f"bits flipped at {flips}", bytes(out), min(flips) >= header_bytes
+
+
+def data_start(path: Path) -> int:
+    """Where tensor data begins: a flip past this point changes weights, not structure."""
+    if path.suffix == ".gguf":
+        import gguf
+
+        return int(gguf.GGUFReader(path).data_offset)
+    return 8 + struct.unpack("<Q", path.read_bytes()[:8])[0]  # safetensors
+
+
+def test_fuzz_damaged_model_files_load_or_fail_cleanly(tmp_path):
+    """Seeded random truncations and bit flips: a clean load or a one-line ModelFileError naming the file."""
+    rng = np.random.default_rng(20261130)
+    gguf_path = tmp_path / "orig.gguf"
+    write_tiny_gguf(gguf_path, smollm2_mix)
+    targets = [  # (label, source, file inside a folder or None, cases)
+        ("tiny_gpt2 safetensors", FIXTURES / "tiny_gpt2", "model.safetensors", 80),
+        ("tiny_gpt2 config", FIXTURES / "tiny_gpt2", "config.json", 30),
+        ("tiny_llama safetensors", FIXTURES / "tiny_llama", "model.safetensors", 80),
+        ("tiny_llama config", FIXTURES / "tiny_llama", "config.json", 30),
+        ("tiny_gpt2.npz", FIXTURES / "tiny_gpt2.npz", None, 60),
+        ("gguf", gguf_path, None, 120),
+    ]
+    outcomes: dict[str, int] = {}
+    for label, source, member, n in targets:
+        work = tmp_path / label.replace(" ", "_")
+        if member:
+            shutil.copytree(source, work)
+            target, load = work / member, work
+        else:
+            work.mkdir()
+            target = load = work / f"model{source.suffix}"
+        original = (source / member if member else source).read_bytes()
+        header = data_start(source / member) if member == "model.safetensors" else \
+            data_start(source) if source.suffix == ".gguf" else len(original)
+        for what, damaged, data_only in mutations(original, rng, n, header):
+            target.write_bytes(damaged)
+            try:
+                with np.errstate(all="ignore"):  # flipped exponent bits make inf/NaN weights: a legitimate load
+                    cn.load_model(load)
+                outcome = "loaded"
+            except ModelFileError as err:
+                message = str(err)
+                assert "\n" not in message, f"{label}, {what}: multi-line message {message!r}"
+                assert target.name in message or load.name in message, f"{label}, {what}: {message!r} names no file"
+                assert not data_only, f"{label}, {what}: a flip inside tensor data must load, got {message!r}"
+                outcome = "ModelFileError"
+            except Exception as err:  # noqa: BLE001  - the point of the test
+                pytest.fail(f"{label}, {what}: {type(err).__name__} escaped: {err}")
+            outcomes[f"{label}: {outcome}"] = outcomes.get(f"{label}: {outcome}", 0) + 1
+        target.write_bytes(original)
+    assert sum(outcomes.values()) == 400
+    for label, *_ in targets:  # both outcomes occur: the damage is neither always benign nor always fatal
+        assert outcomes.get(f"{label}: ModelFileError", 0) > 0, outcomes
+    for label in ("tiny_gpt2 safetensors", "tiny_llama safetensors", "gguf"):
+        assert outcomes.get(f"{label}: loaded", 0) > 0, outcomes
+
+
+# =========================================================================== loaders: specific checks
+
+
+def test_bf16_safetensors_load_as_the_rounded_weights(tmp_path):
+    """BF16 (how most HF checkpoints ship) is read as the top 16 bits of float32."""
+    from safetensors.numpy import load_file
+
+    folder = copy_fixture(tmp_path, "tiny_llama")
+    weights = load_file(folder / "model.safetensors")
+    header = {}
+    blobs, offset = [], 0
+    for name, w in weights.items():
+        bits = (w.astype(np.float32).view(np.uint32) >> 16).astype("<u2")  # truncation to bf16
+        header[name] = {"dtype": "BF16", "shape": list(w.shape), "data_offsets": [offset, offset + bits.nbytes]}
+        blobs.append(bits.tobytes())
+        offset += bits.nbytes
+    text = json.dumps(header).encode()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    model = cn.load_model(folder)
+    expected = (weights["model.norm.weight"].view(np.uint32) & 0xFFFF0000).view(np.float32)
+    np.testing.assert_array_equal(model.params["ln_final"]["w"], expected)
+    assert np.abs(model.params["ln_final"]["w"] - weights["model.norm.weight"]).max() > 0  # really rounded
+
+
+def test_model_checks_run_before_weights_are_read(tmp_path, monkeypatch):
+    """check_config sees the config first; a rejected option costs no weight read."""
+    from cel_numpy.models import loaders
+
+    reads = []
+    real = loaders.read_safetensors_tensor
+    monkeypatch.setattr(loaders, "read_safetensors_tensor", lambda f, e: reads.append(e) or real(f, e))
+
+    def refuse(config):
+        raise OptionError(f"no thanks: {config.n_layers} layers")
+
+    with pytest.raises(OptionError, match="no thanks: 2 layers"):
+        loaders.load_model(FIXTURES / "tiny_gpt2", check_config=refuse)
+    assert reads == []
+    loaders.load_model(FIXTURES / "tiny_gpt2")
+    assert reads, "the monkeypatched reader is the one in use"
+
+
+def test_error_types_keep_their_old_bases():
+    from cel_numpy.localize.rundir import RunDirError
+    from cel_numpy.models.config import ConfigError
+    from cel_numpy.models.fetch import FetchError
+    from cel_numpy.models.model import NoTokenizerError
+    from cel_numpy.models.tokenizer import TokenizerError
+
+    for cls, old in [(ConfigError, ValueError), (TokenizerError, ValueError), (FetchError, RuntimeError),
+                     (InvalidHeadError, ValueError), (NoTokenizerError, RuntimeError), (RunDirError, UserError),
+                     (OptionError, ValueError), (PromptError, ValueError)]:
+        assert issubclass(cls, UserError) and issubclass(cls, old), cls
+    assert issubclass(TokenizerError, ModelFileError)
+
+
+# =========================================================================== command line behaviour
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    argv = ["inspect", "--model", str(tmp_path)]
+    with pytest.raises(ModelFileError, match="no config.json"):
+        main(["--debug", *argv])
+    with pytest.raises(ModelFileError, match="no config.json"):
+        main([*argv, "--debug"])
+    assert run_cli(argv)[0] == 2
+
+
+def test_a_bug_is_one_line_with_exit_status_1(monkeypatch):
+    from cel_numpy.models import cli as models_cli
+
+    def broken(args):
+        return {}["missing"]
+
+    monkeypatch.setattr(models_cli, "cmd_fetch", broken)
+    status, err = run_cli(["fetch", "smollm2"])
+    assert status == 1
+    assert err.splitlines() == ["cel-numpy fetch: internal error: KeyError: 'missing' (a bug in cel-numpy: rerun with "
+                                "--debug for the traceback and report it)"]
+
+
+# =========================================================================== tokenizer
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    from cel_numpy.models.fetch import fetch
+    from cel_numpy.models.tokenizer import BPETokenizer
+
+    folder = fetch("gpt2-tokenizer")
+    return BPETokenizer.from_gpt2_files(folder / "encoder.json", folder / "vocab.bpe")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    import gguf
+
+    from cel_numpy.models.fetch import fetch
+    from cel_numpy.models.tokenizer import BPETokenizer
+
+    return BPETokenizer.from_gguf_fields(gguf.GGUFReader(fetch("smollm2")))
+
+
+TEXT = st.text(st.characters(codec="utf-8"), max_size=60)  # every code point but surrogates
+SMOLLM2_MISSING_BYTES = {0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100)}
+SMOLLM2_TEXT = st.text(st.characters(codec="utf-8").filter(lambda ch: not SMOLLM2_MISSING_BYTES & set(ch.encode())),
+                       max_size=60)
+FUZZ = settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUZZ
+@given(text=TEXT)
+def test_gpt2_round_trips_any_unicode(gpt2, text):
+    assert gpt2.decode(gpt2.encode(text)) == text
+
+
+@FUZZ
+@given(text=SMOLLM2_TEXT)
+def test_smollm2_round_trips_any_unicode_it_can_spell(smollm2, text):
+    """Exact for every character whose UTF-8 bytes all have tokens; SmolLM2 lacks a few bytes
+    (U+0004, U+0006, ..., and the lead bytes of planes 4-11: see BPETokenizer), which HF drops too."""
+    assert set(smollm2.missing_bytes) == SMOLLM2_MISSING_BYTES
+    assert smollm2.decode(smollm2.encode(text)) == text
+
+
+@FUZZ
+@given(text=TEXT, where=st.integers(0, 60), surrogate=st.integers(0xD800, 0xDFFF))
+def test_text_with_a_lone_surrogate_is_a_prompt_error(gpt2, text, where, surrogate):
+    bad = text[:where] + chr(surrogate) + text[where:]
+    with pytest.raises(PromptError, match=rf"lone surrogate U\+{surrogate:04X} at character {min(where, len(text))}"):
+        gpt2.encode(bad)
+
+
+def test_empty_and_too_long_prompts_through_the_model_api(tmp_path):
+    """Model (models/model.py) gives these its own clear one-line ValueErrors."""
+    model = cn.load_model(with_tokenizer(copy_fixture(tmp_path, "tiny_gpt2")))
+    assert model.encode("") == []
+    with pytest.raises(ValueError, match="every prompt needs at least one token"):
+        model.generate("", max_new_tokens=2)
+    with pytest.raises(ValueError, match="position 64 exceeds the model's context of 64 tokens"):
+        model.logits([model.encode("x" * 65)])
+    with pytest.raises(ValueError, match="exceeds the model's context of 64 tokens"):
+        model.generate("x" * 60, max_new_tokens=10)
+
+
+if __name__ == "__main__":  # print the rows of the table in docs/bad_input.md
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        print("\n".join(table_rows(Path(tmp))))
