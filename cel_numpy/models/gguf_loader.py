@@ -11,16 +11,17 @@ reader's `data` already has NumPy order (out, in[bytes]); we rebuild the element
 reversing `tensor.shape`. Tensor names and layouts are mapped by the shared table in
 loaders.py, which also undoes llama.cpp's Q/K row permutation.
 
-Damaged files: the reader's exceptions of every kind become one `ModelFileError`. Its reads are
-guarded against running past the end of the file (past the end it would get empty views without
-advancing, so a damaged array length could make it loop for as long as the bogus length says),
-and an array length that cannot fit in the file is refused before the loop; tensor byte ranges
-are checked against the file size, and the metadata and every needed tensor's shape against each other
-(`loaders.check_tensors`), before any weight is read.
+Damaged files: the reader's exceptions of every kind become one `ModelFileError`. Two guards in
+the reader: a metadata array whose length cannot fit in the rest of the file is refused before
+the reader loops over it (past the end it reads empty views without advancing, so it could loop
+for as long as the bogus length says), and a tensor whose bytes run past the end of the file is
+named (a cut download). Then the metadata and every needed tensor's shape are checked against
+each other (`loaders.check_tensors`), before any weight is read.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +58,19 @@ def _reader_class():
         def data(self, value):
             self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
-        def _get(self, offset, dtype, count=1, override_order=None):
-            """Refuse to read past the end (the reader would get a short or empty view and go on)."""
-            end = int(offset) + np.dtype(dtype).itemsize * int(count)
-            if end > len(self._data):
-                raise ValueError(f"{end - int(offset)} bytes at byte {int(offset)} run past the end of the file "
-                                 f"({len(self._data)} bytes)")
-            return super()._get(offset, dtype, count, override_order)
+        def _build_tensors(self, start_offs, fields):
+            """Refuse a tensor whose bytes run past the end of the file (a cut download), by name."""
+            from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+            for field in fields:
+                _, name, _, dims, raw_dtype, offset = field.parts
+                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                n_bytes = math.prod(int(d) for d in dims) * type_size // block  # Python ints: no overflow
+                end = int(start_offs) + int(offset[0]) + n_bytes
+                if end > len(self._data):
+                    raise ValueError(f"tensor {bytes(name).decode(errors='replace')} ends at byte {end}, past the end "
+                                     f"of the file ({len(self._data)} bytes)")
+            return super()._build_tensors(start_offs, fields)
 
         def _get_field_parts(self, orig_offs, raw_type):
             """Refuse an array whose length cannot fit in the rest of the file (before looping over it)."""
@@ -88,6 +95,8 @@ def open_gguf(path: Path):
         reader = _reader_class()(str(path))
     except Exception as err:  # the reader raises ValueError, IndexError, KeyError, UnicodeDecodeError, ...
         detail = str(err).splitlines()[0] if str(err) else ""
+        if isinstance(err, IndexError):  # the reader indexes an empty view: a field past the end
+            detail = "the header runs past the end of the file"
         raise ModelFileError(f"{path}: unreadable GGUF file ({type(err).__name__}: {detail}); {HINT}") from None
     size = os.path.getsize(path)
     for t in reader.tensors:

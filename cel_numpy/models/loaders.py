@@ -9,7 +9,8 @@ Every format goes through ONE table per family (`weight_table`) that names, for 
 parameters, the checkpoint tensor it comes from in each format, the checkpoint shape (asserted)
 and the conversion to our layout (shape asserted again). Weights are read one tensor at a time
 and cast once to the model dtype (float32 by default), so peak memory stays near the size of
-the float32 weights: safetensors are memory-mapped, GGUF tensors are dequantized one by one.
+the float32 weights: safetensors tensors are read one by one with plain reads (BF16 widened to
+float32 exactly), GGUF tensors are dequantized one by one.
 
 Layouts: HF Llama and GGUF store torch Linear weights as (out, in) (GGUF lists its dimensions
 fastest first; the reader reverses them); HF GPT-2 stores Conv1D weights as (in, out).
@@ -232,7 +233,7 @@ def check_tensors(config: ModelConfig, fmt: str, headers: dict[str, TensorHeader
 def build_params(config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray], dtype, where: str) -> dict:
     """Read every parameter of the table through read(name) and return nested params.
 
-    `read` returns the checkpoint array (any float dtype, possibly memory-mapped). Each array is
+    `read` returns the checkpoint array (any float dtype). Each array is
     converted, cast to `dtype` and made contiguous before the next one is read.
     """
     flat = {}
