@@ -650,14 +650,14 @@ def test_text_with_a_lone_surrogate_is_a_prompt_error(gpt2, text, where, surroga
 
 
 def test_empty_and_too_long_prompts_through_the_model_api(tmp_path):
-    """Model (models/model.py) gives these its own clear one-line ValueErrors."""
+    """Model raises PromptError (a UserError and a ValueError) with one line saying what to do."""
     model = cn.load_model(with_tokenizer(copy_fixture(tmp_path, "tiny_gpt2")))
     assert model.encode("") == []
-    with pytest.raises(ValueError, match="every prompt needs at least one token"):
+    with pytest.raises(PromptError, match="every prompt needs at least one token"):
         model.generate("", max_new_tokens=2)
-    with pytest.raises(ValueError, match="position 64 exceeds the model's context of 64 tokens"):
+    with pytest.raises(PromptError, match="65 tokens exceed the model's context of 64 tokens: shorten the prompt"):
         model.logits([model.encode("x" * 65)])
-    with pytest.raises(ValueError, match="exceeds the model's context of 64 tokens"):
+    with pytest.raises(PromptError, match="exceed the model's context of 64 tokens"):
         model.generate("x" * 60, max_new_tokens=10)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from cel_numpy.cli import UserError
+from cel_numpy.errors import PromptError, UserError
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.models.transformer import (
     ForwardCache,
@@ -133,9 +133,9 @@ class Model:
         """List of id lists -> ids (B, T) int64, attention_mask (B, T) int64, LEFT-padded."""
         seqs = [list(s) for s in seqs]
         if not seqs:
-            raise ValueError("empty batch: give at least one prompt")
+            raise PromptError("empty batch: give at least one prompt")
         if any(len(s) == 0 for s in seqs):
-            raise ValueError("every prompt needs at least one token")
+            raise PromptError("every prompt needs at least one token: an empty prompt has nothing to continue")
         T = max(len(s) for s in seqs)
         ids = np.full((len(seqs), T), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(seqs), T), dtype=np.int64)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cel_numpy.attention import AttentionCache, Rotary, attention_forward, padded_causal_mask, rotary_tables
+from cel_numpy.errors import PromptError
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.ops import gelu_forward, layer_norm_forward, rms_norm_forward, silu_forward
 
@@ -99,7 +100,10 @@ def prepare_inputs(config: ModelConfig, attention_mask: np.ndarray, T: int, dtyp
         raise ValueError(f"attention_mask covers {S} positions, fewer than the {T} tokens")
     positions = np.clip(np.cumsum(valid, axis=1) - 1, 0, None)[:, S - T :]  # (B, T)
     if positions.size and positions.max() >= config.n_ctx:
-        raise ValueError(f"position {positions.max()} exceeds the model's context of {config.n_ctx} tokens")
+        raise PromptError(
+            f"{positions.max() + 1} tokens exceed the model's context of {config.n_ctx} tokens: shorten the prompt "
+            "(or lower max_new_tokens)"
+        )
     mask = padded_causal_mask(valid, T)  # (B, 1, T, S)
     rotary = None
     if config.family == "llama":
