@@ -1,0 +1,154 @@
+"""Signed first-order head screen: every head's ablation effect from one forward + backward.
+
+The metric M is the mean over a panel's items of a smooth score read from the same text the
+exact evaluation reads (`LMEvaluator.continuation_ids`, so tokenization matches real use):
+
+    generate   log p(answer | prompt), teacher-forced. The answer follows the prompt after one
+               space unless either side already has whitespace there ("Answer:" + " 146").
+    choice     log p(correct | prompt) - logsumexp_c log p(c | prompt): the correct candidate's
+               log share among the candidates, the smooth counterpart of the argmax that is scored.
+
+Removing head h sets m_h from 1 to 0, so to first order M changes by
+
+    estimate_h = -m_h dM/dm_h   (m_h = 1)
+
+positive: removal helps, negative: removal hurts. `gradient_screen` returns the estimates for all
+L x H heads from one forward + backward per batch; `exact_metric_screen` computes the same change
+exactly (one forward per head), which is what the estimate is judged against. The estimate is
+exact only when M is linear in the mask (tests/test_backward.py); for a deep network it ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from cel_numpy.models.backward import transformer_backward
+from cel_numpy.models.transformer import transformer_forward
+from cel_numpy.tasks.base import Item
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    item: int  # index into the panel
+    ids: list[int]  # prompt + continuation tokens
+    start: int  # ids[start:] is the scored continuation
+    correct: bool  # the continuation is the item's answer (always True for "generate")
+
+
+def answer_text(item: Item) -> str:
+    """The continuation scored for a generate item: the answer, after a space if neither side has one."""
+    if item.prompt[-1:].isspace() or item.answer[:1].isspace():
+        return item.answer
+    return " " + item.answer
+
+
+def metric_rows(evaluator, items: Sequence[Item]) -> list[MetricRow]:
+    """One row per generate item; one per candidate for a choice item."""
+    rows = []
+    for i, it in enumerate(items):
+        if evaluator.task.scoring == "generate":
+            texts = [(answer_text(it), True)]
+        else:
+            texts = [(choice, choice == it.answer) for choice in it.choices]
+        for text, correct in texts:
+            ids, start = evaluator.continuation_ids(it.prompt, text)
+            rows.append(MetricRow(item=i, ids=ids, start=start, correct=correct))
+    return rows
+
+
+def _chunks(rows: list[MetricRow], max_rows: int) -> list[list[MetricRow]]:
+    """Consecutive rows in groups of at most max_rows that never split an item's rows."""
+    chunks, current = [], []
+    for r in rows:
+        if current and len(current) >= max_rows and r.item != current[-1].item:
+            chunks.append(current)
+            current = []
+        current.append(r)
+    return chunks + ([current] if current else [])
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def _chunk_metric(model, rows: list[MetricRow], scoring: str, head_mask, head_fill, *, backward: bool):
+    """Sum over the chunk's items of the item metric, and dM/dm (L, H) if backward."""
+    ids, mask = model.pad([r.ids for r in rows])  # (R, T) left-padded
+    logits, cache = transformer_forward(
+        model.params, model.config, ids, mask, head_mask=head_mask, head_fill=head_fill, keep_activations=backward
+    )  # (R, T, V)
+    T = ids.shape[1]
+    spans, logps, row_logp = [], [], np.zeros(len(rows))
+    for k, r in enumerate(rows):
+        first = T - len(r.ids) + r.start - 1  # logits[first] predicts ids[start]
+        span = np.arange(first, T - 1)  # (n,)
+        logp = _log_softmax(logits[k, span].astype(np.float64))  # (n, V)
+        row_logp[k] = logp[np.arange(len(span)), r.ids[r.start :]].sum()
+        spans.append(span)
+        logps.append(logp)
+    item_of = np.array([r.item for r in rows])
+    weight = np.ones(len(rows))  # dM_item / d row_logp
+    total = 0.0
+    for item in np.unique(item_of):
+        members = np.flatnonzero(item_of == item)
+        if scoring == "generate":
+            total += row_logp[members].sum()
+            continue
+        lse = np.logaddexp.reduce(row_logp[members])
+        correct = [k for k in members if rows[k].correct]
+        total += row_logp[correct].sum() - lse
+        weight[members] = [float(rows[k].correct) - np.exp(row_logp[k] - lse) for k in members]
+    if not backward:
+        return total, None
+    dlogits = np.zeros_like(logits)  # (R, T, V): d total / d logits
+    for k, r in enumerate(rows):
+        onehot = np.zeros_like(logps[k])
+        onehot[np.arange(len(spans[k])), r.ids[r.start :]] = 1.0
+        dlogits[k, spans[k]] = weight[k] * (onehot - np.exp(logps[k]))  # d log p / d logits
+    _, dhead_mask = transformer_backward(dlogits, model.params, model.config, cache, ids, head_fill=head_fill)
+    return total, dhead_mask
+
+
+def panel_metric(evaluator, items: Sequence[Item], *, ablate=None, batch_size: int = 16) -> float:
+    """M on a panel (mean over items), with the heads in `ablate` removed."""
+    model = evaluator.model
+    head_mask = model.head_mask(ablate)
+    fill = evaluator.mean_z if head_mask is not None else None
+    rows = metric_rows(evaluator, items)
+    total = sum(
+        _chunk_metric(model, chunk, evaluator.task.scoring, head_mask, fill, backward=False)[0]
+        for chunk in _chunks(rows, batch_size)
+    )
+    return total / len(items)
+
+
+def gradient_screen(evaluator, items: Sequence[Item], *, batch_size: int = 16) -> tuple[float, np.ndarray]:
+    """(M intact, estimate (L, H)): the first-order change of M when each head alone is removed."""
+    if not items:
+        raise ValueError("gradient screen on an empty panel: give at least one item")
+    model = evaluator.model
+    c = model.config
+    dM_dm = np.zeros((c.n_layers, c.n_heads))
+    total = 0.0
+    for chunk in _chunks(metric_rows(evaluator, items), batch_size):
+        part, dmask = _chunk_metric(model, chunk, evaluator.task.scoring, None, evaluator.mean_z, backward=True)
+        total += part
+        dM_dm += dmask
+    return total / len(items), -dM_dm / len(items)  # m = 1 everywhere: estimate = -1 * dM/dm
+
+
+def exact_metric_screen(evaluator, items: Sequence[Item], *, batch_size: int = 16, progress=None) -> tuple[float, np.ndarray]:
+    """(M intact, exact (L, H)): M with each head alone removed, minus M intact (one forward per head)."""
+    c = evaluator.model.config
+    intact = panel_metric(evaluator, items, batch_size=batch_size)
+    change = np.zeros((c.n_layers, c.n_heads))
+    for layer in range(c.n_layers):
+        for head in range(c.n_heads):
+            change[layer, head] = panel_metric(evaluator, items, ablate=[(layer, head)], batch_size=batch_size) - intact
+            if progress is not None:
+                progress(layer * c.n_heads + head + 1)
+    return intact, change
