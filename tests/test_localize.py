@@ -487,6 +487,7 @@ class PlantedTask:
         self.scoring = scoring
         self.name = f"planted-{scoring}"
         self.max_new_tokens = 1
+        self.answer_separator = ""  # the answer is the very next character
 
     def sample(self, rng, n):
         prompts = ["".join(rng.choice(list("xy"), size=int(rng.integers(3, 9)))) for _ in range(n)]
@@ -496,8 +497,8 @@ class PlantedTask:
         return output.strip() == item.answer
 
 
-def planted_model(rng, good=(0, 0), bad=(1, 1)):
-    """Tiny GPT-2 (2 layers x 3 heads) with random weights, one head writing a constant push toward
+def planted_model(rng, good=(0, 0), bad=(1, 1), n_layers=2, n_heads=3):
+    """Tiny GPT-2 (2 layers x 3 heads by default) with random weights, one head writing a constant push toward
     "a" (the right answer) and a stronger head writing a constant push toward "b" (wrong).
 
     A constant-writing head: W_V = 0 and b_V = e_0, so z = e_0 whatever it attends to (attention
@@ -507,7 +508,7 @@ def planted_model(rng, good=(0, 0), bad=(1, 1)):
     from cel_numpy.models.config import ModelConfig
     from cel_numpy.models.model import Model
 
-    L, H, D, E, F, V = 2, 3, 8, 4, 16, len(ALPHABET)
+    L, H, D, E, F, V = n_layers, n_heads, 8, 4, 16, len(ALPHABET)
     config = ModelConfig(family="gpt2", n_layers=L, n_heads=H, n_kv_heads=H, d_model=D, d_head=E, d_mlp=F,
                          vocab_size=V, n_ctx=32, norm_eps=1e-5, attn_bias=True, mlp_bias=True, name="planted")
     small = lambda *shape: 0.1 * rng.standard_normal(shape)  # noqa: E731

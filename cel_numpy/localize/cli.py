@@ -60,6 +60,12 @@ def register(subparsers) -> None:
     p.add_argument("--theory-seed", type=int, default=0, help="theory only: training seed (default 0)")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="evaluate condition chunks in N processes (default 1: sequential; results are identical)")
+    p.add_argument("--screen", choices=("exact", "gradient"), default="exact",
+                   help="exact: every head ablated alone (default); gradient: rank heads by the first-order "
+                        "estimate of removing each (one forward + backward) and screen only the top --candidates "
+                        "exactly (language models only)")
+    p.add_argument("--candidates", type=int, default=30, metavar="K",
+                   help="with --screen gradient: heads screened exactly (default 30, at least 10)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
 
@@ -245,6 +251,10 @@ def check_options(args) -> None:
     if not args.tau > 0:
         raise OptionError(f"--tau must be > 0, got {args.tau}")
     check_model_name(args.model)
+    if args.screen == "gradient" and args.model.startswith("theory"):
+        raise OptionError("--screen gradient needs a language model (its backward pass); use --screen exact with theory")
+    if args.candidates < 10:
+        raise OptionError(f"--candidates must be >= 10 (the number of nominees), got {args.candidates}")
     if args.model.startswith("theory") and max(args.discovery, args.heldout) > MAX_SAMPLED_PANEL:
         raise OptionError(f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for the theory tasks")
 
@@ -277,7 +287,7 @@ def run(args) -> int:
         executor = ProcessPoolExecutor(max_workers=args.workers, initializer=_ignore_sigint)
     loc = Localizer(args.out, make_evaluator, task, n_discovery=args.discovery, n_heldout=args.heldout,
                     seed=args.seed, cross_tasks=cross, progress=not args.quiet, executor=executor,
-                    command="cel-numpy " + " ".join(sys.argv[1:]))
+                    command="cel-numpy " + " ".join(sys.argv[1:]), screen=args.screen, n_candidates=args.candidates)
     try:
         results = loc.run(args.stage)
     except BaseException:

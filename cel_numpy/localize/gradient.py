@@ -3,8 +3,9 @@
 The metric M is the mean over a panel's items of a smooth score read from the same text the
 exact evaluation reads (`LMEvaluator.continuation_ids`, so tokenization matches real use):
 
-    generate   log p(answer | prompt), teacher-forced. The answer follows the prompt after one
-               space unless either side already has whitespace there ("Answer:" + " 146").
+    generate   log p(answer | prompt), teacher-forced. The answer follows the prompt after the
+               task's `answer_separator` (default one space: "Answer:" + " 146"), none when either
+               side already has whitespace there.
     choice     log p(correct | prompt) - logsumexp_c log p(c | prompt): the correct candidate's
                log share among the candidates, the smooth counterpart of the argmax that is scored.
 
@@ -38,11 +39,11 @@ class MetricRow:
     correct: bool  # the continuation is the item's answer (always True for "generate")
 
 
-def answer_text(item: Item) -> str:
-    """The continuation scored for a generate item: the answer, after a space if neither side has one."""
+def answer_text(item: Item, separator: str = " ") -> str:
+    """The continuation scored for a generate item: separator + answer, unless either side has whitespace."""
     if item.prompt[-1:].isspace() or item.answer[:1].isspace():
         return item.answer
-    return " " + item.answer
+    return separator + item.answer
 
 
 def metric_rows(evaluator, items: Sequence[Item]) -> list[MetricRow]:
@@ -50,7 +51,7 @@ def metric_rows(evaluator, items: Sequence[Item]) -> list[MetricRow]:
     rows = []
     for i, it in enumerate(items):
         if evaluator.task.scoring == "generate":
-            texts = [(answer_text(it), True)]
+            texts = [(answer_text(it, getattr(evaluator.task, "answer_separator", " ")), True)]
         else:
             texts = [(choice, choice == it.answer) for choice in it.choices]
         for text, correct in texts:

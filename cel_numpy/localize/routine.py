@@ -1,7 +1,10 @@
 """The two-stage localization routine (DESIGN.md section 5) over a resumable run directory.
 
     baseline   intact model twice on the discovery panel; the two passes must agree exactly
-    screen     every head ablated alone, against the baseline; ranked; top 10 nominees
+    screen     every head ablated alone, against the baseline; ranked; top 10 nominees.
+               screen="gradient": the heads are first ordered by the signed first-order estimate
+               of removing each (one forward + backward, `cel_numpy.localize.gradient`, kept in
+               gradient.json) and only the top `n_candidates` are evaluated exactly, then ranked
     joint      all pairs and triples of the nominees (165 new + 10 singletons reused = 175),
                ranked with fewer heads first on ties; top 10 finalists frozen in finalists.json
     confirm    finalists re-run on discovery against a fresh intact comparator (no reselection)
@@ -46,6 +49,7 @@ from cel_numpy.localize.stats import paired_summary
 from cel_numpy.tasks.base import Item
 
 STAGES = ("baseline", "screen", "joint", "confirm", "heldout", "crosstask", "report")
+SCREENS = ("exact", "gradient")
 
 
 def cel_numpy_version() -> str:
@@ -101,9 +105,14 @@ class Localizer:
     def __init__(self, out, make_evaluator: Callable, task, *, n_discovery: int, n_heldout: int, seed: int = 0,
                  cross_tasks: Sequence = (), executor: Executor | None = None, chunk_size: int = 8,
                  progress: bool = True, command: str | None = None, n_nominees: int = N_NOMINEES,
-                 n_finalists: int = N_FINALISTS, stream=None):
+                 n_finalists: int = N_FINALISTS, stream=None, screen: str = "exact", n_candidates: int = 30):
         if n_discovery < 1 or n_heldout < 1:
             raise UserError(f"--discovery and --heldout must be >= 1 (got {n_discovery}, {n_heldout})")
+        if screen not in SCREENS:
+            raise UserError(f"screen must be one of {', '.join(SCREENS)}, got {screen!r}")
+        if n_candidates < n_nominees:
+            raise UserError(f"--candidates must be >= the {n_nominees} nominees, got {n_candidates}")
+        self.screen_method, self.n_candidates = screen, int(n_candidates)
         self.out = rd.prepare_out(Path(out))
         self.make_evaluator = make_evaluator
         self.task = task
@@ -148,6 +157,8 @@ class Localizer:
             "cel_numpy_version": cel_numpy_version(),
             "command": self.command,
         }
+        if self.screen_method != "exact":
+            manifest["screen"] = {"method": self.screen_method, "n_candidates": self.n_candidates}
         self.manifest = rd.check_or_write_manifest(self.out, manifest)
         for name, items in self.panels.items():
             path = self.out / "panels" / f"{name}.jsonl"
@@ -253,8 +264,42 @@ class Localizer:
         self._say(f"baseline   intact {summary['correct']}/{summary['n']} correct on discovery (two passes agree)")
         return summary
 
+    def _gradient_estimates(self) -> tuple[list[list[float]], str]:
+        """Estimated gain of removing each head (L, H), computed once and kept in gradient.json."""
+        from cel_numpy.models.fetch import sha256_file
+
+        path = self.out / "gradient.json"
+        if not path.exists():
+            ev = self.evaluators["discovery"]
+            if not hasattr(ev, "continuation_ids"):
+                raise UserError("--screen gradient needs a language model (its backward pass); use --screen exact")
+            from cel_numpy.localize.gradient import gradient_screen
+
+            self._say("screen     gradient pre-filter: one forward + backward per batch")
+            metric, estimate = gradient_screen(ev, self.panels["discovery"], batch_size=getattr(ev, "batch_size", 16))
+            rd.json_dump(path, {"manifest_key": rd.manifest_key(self.manifest), "metric_intact": metric,
+                                "estimate": estimate.tolist()})
+        try:
+            saved = json.loads(path.read_text())
+            estimate = saved["estimate"]
+            ok = saved["manifest_key"] == rd.manifest_key(self.manifest) and len(estimate) == self.n_layers \
+                and all(len(row) == self.n_heads for row in estimate)
+        except (OSError, ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise rd.RunDirError(f"{path} is unreadable or belongs to another run; use a fresh --out")
+        return estimate, sha256_file(path)
+
     def screen(self):
         heads = all_heads(self.n_layers, self.n_heads)
+        depends = {"baseline": rd.records_sha(self.out, "baseline")}
+        note = ""
+        if self.screen_method == "gradient" and self.n_candidates < len(heads):
+            estimate, depends["gradient"] = self._gradient_estimates()
+            order = sorted(range(len(heads)), key=lambda i: -estimate[heads[i][0]][heads[i][1]])  # stable on ties
+            heads = sorted(heads[i] for i in order[: self.n_candidates])
+            note = (f"gradient pre-filter: the {len(heads)} heads with the largest first-order estimated gain "
+                    f"(of {self.n_layers * self.n_heads}) were screened exactly; estimates in gradient.json")
         plan = [rd.Block(condition_name(((l, h),)), "discovery", ((l, h),)) for l, h in heads]
         n_nom = min(self.n_nominees, len(heads))
 
@@ -265,13 +310,12 @@ class Localizer:
                 "conditions": conds,
                 "ranking": [condition_name(s.heads) for s in ranked],
                 "nominees": [list(h) for h in nominees(ranked, n_nom)],
-                "n_heads_total": len(heads),
-                "note": ("" if len(heads) >= self.n_nominees else
-                         f"the model has only {len(heads)} heads (< {self.n_nominees}): all of them are nominees"),
+                "n_heads_total": self.n_layers * self.n_heads,
+                "note": note or ("" if len(heads) >= self.n_nominees else
+                                 f"the model has only {len(heads)} heads (< {self.n_nominees}): all of them are nominees"),
             }
 
-        _, summary = self._run_stage("screen", plan, {"baseline": rd.records_sha(self.out, "baseline")}, summarize,
-                                     label="screen")
+        _, summary = self._run_stage("screen", plan, depends, summarize, label="screen")
         self.nominees = [tuple(h) for h in summary["nominees"]]
         return summary
 

@@ -207,8 +207,17 @@ MANIFEST_KEYS = ("format", "model", "task", "seed", "panel_sizes", "panel_hashes
                  "n_nominees", "n_finalists")
 
 
+OPTIONAL_MANIFEST_KEYS = ("screen",)  # present only when not the default (older runs stay valid)
+
+
+def _identity(manifest: dict) -> dict:
+    ident = {k: manifest.get(k) for k in MANIFEST_KEYS}
+    ident.update({k: manifest[k] for k in OPTIONAL_MANIFEST_KEYS if k in manifest})
+    return ident
+
+
 def manifest_key(manifest: dict) -> str:
-    return hashlib.sha256(json.dumps({k: manifest.get(k) for k in MANIFEST_KEYS}, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(_identity(manifest), sort_keys=True).encode()).hexdigest()
 
 
 def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
@@ -221,7 +230,7 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
         old = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise RunDirError(f"{path} is unreadable ({err}); use a fresh --out") from None
-    for key in MANIFEST_KEYS:
+    for key in MANIFEST_KEYS + OPTIONAL_MANIFEST_KEYS:
         if old.get(key) != manifest.get(key):
             raise RunDirError(
                 f"{path} describes a different run ({key}: {_short(old.get(key))} there, {_short(manifest.get(key))} now); "

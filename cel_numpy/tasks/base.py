@@ -42,6 +42,8 @@ class Task(Protocol):
     name: str
     scoring: Scoring
     max_new_tokens: int  # cap for "generate" scoring
+    # Optional: `answer_separator` (str, default " "), the text between prompt and answer in a
+    # natural continuation; the gradient screen teacher-forces prompt + separator + answer.
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Item]:
         """n items (may repeat; panels de-duplicate by `Item.id`)."""

@@ -1,0 +1,109 @@
+"""The signed first-order head screen (cel_numpy.localize.gradient) and `--screen gradient`.
+
+References: central differences of the task metric in the head mask (float64), the planted
+harmful/helpful heads of tests/test_localize.py (known signs), and the routine's own exact screen.
+"""
+
+import json
+
+import numpy as np
+import pytest
+from test_localize import PlantedTask, _cli, planted_model
+
+from cel_numpy.errors import OptionError
+from cel_numpy.localize import localize
+from cel_numpy.localize.evaluate import LMEvaluator
+from cel_numpy.localize.gradient import _chunk_metric, exact_metric_screen, gradient_screen, metric_rows
+from cel_numpy.localize.rundir import RunDirError
+
+
+def _setup(scoring, seed=0, **shape):
+    model = planted_model(np.random.default_rng(seed), **shape)
+    task = PlantedTask(scoring)
+    items = task.sample(np.random.default_rng(seed + 10), 9)
+    return model, task, items, LMEvaluator(model, task, batch_size=4)
+
+
+@pytest.mark.parametrize("scoring", ["generate", "choice"])
+def test_metric_gradient_matches_finite_differences(scoring):
+    model, task, items, ev = _setup(scoring)
+    rows = metric_rows(ev, items)
+    c = model.config
+    _, dM_dm = _chunk_metric(model, rows, scoring, None, None, backward=True)
+    eps = 1e-6
+    for layer in range(c.n_layers):
+        for head in range(c.n_heads):
+            mask = np.ones((c.n_layers, c.n_heads))
+            mask[layer, head] = 1 + eps
+            up = _chunk_metric(model, rows, scoring, mask, None, backward=False)[0]
+            mask[layer, head] = 1 - eps
+            down = _chunk_metric(model, rows, scoring, mask, None, backward=False)[0]
+            numeric = (up - down) / (2 * eps)
+            assert abs(numeric - dM_dm[layer, head]) < 1e-6 * max(1.0, abs(numeric)), (layer, head, numeric, dM_dm[layer, head])
+
+
+@pytest.mark.parametrize("scoring", ["generate", "choice"])
+def test_estimates_have_the_planted_signs(scoring):
+    """Removing the head that pushes the wrong answer helps most; removing the helpful one hurts."""
+    _, _, items, ev = _setup(scoring)
+    metric, estimate = gradient_screen(ev, items)
+    metric_exact, exact = exact_metric_screen(ev, items)
+    assert metric == pytest.approx(metric_exact, abs=1e-12)
+    assert np.unravel_index(np.argmax(estimate), estimate.shape) == (1, 1)
+    assert np.unravel_index(np.argmax(exact), exact.shape) == (1, 1)
+    assert estimate[0, 0] < 0 and exact[0, 0] < 0
+    assert np.all(np.sign(estimate[[0, 1], [0, 1]]) == np.sign(exact[[0, 1], [0, 1]]))
+
+
+def test_batching_does_not_change_the_screen():
+    _, _, items, ev = _setup("choice")
+    m1, e1 = gradient_screen(ev, items, batch_size=3)
+    m2, e2 = gradient_screen(ev, items, batch_size=64)
+    assert m1 == pytest.approx(m2, abs=1e-12)
+    np.testing.assert_allclose(e1, e2, atol=1e-12)
+
+
+def _run_gradient(tmp_path, n_candidates=5):
+    model = planted_model(np.random.default_rng(0), good=(0, 0), bad=(2, 3), n_layers=3, n_heads=4)
+    task = PlantedTask("choice")
+
+    def make(t, reference_items):
+        return LMEvaluator(model, t, batch_size=7, spec="planted")
+
+    return localize(tmp_path / "run", make, task, n_discovery=20, n_heldout=20, seed=0, progress=False,
+                    command="test", screen="gradient", n_candidates=n_candidates, n_nominees=3, n_finalists=3)
+
+
+def test_gradient_prefilter_screens_the_top_candidates_and_finds_the_planted_head(tmp_path):
+    res = _run_gradient(tmp_path)
+    saved = json.loads((tmp_path / "run" / "gradient.json").read_text())
+    estimate = np.array(saved["estimate"])  # (L, H)
+    top5 = {divmod(int(i), 4) for i in np.argsort(-estimate.ravel(), kind="stable")[:5]}
+    screened = {tuple(c["heads"][0]) for c in res["screen"]["conditions"]}
+    assert screened == top5 and len(screened) == 5
+    assert "gradient pre-filter" in res["screen"]["note"] and res["screen"]["n_heads_total"] == 12
+    assert res["joint"]["ranking"][0] == "L2H3"
+    ho = res["heldout"]["heldout"]["finalists"][0]
+    assert ho["name"] == "L2H3" and ho["rescued"] == 20 and ho["damaged"] == 0
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["screen"] == {"method": "gradient", "n_candidates": 5}
+
+
+def test_gradient_run_resumes_and_refuses_a_changed_estimate_file(tmp_path):
+    first = _run_gradient(tmp_path)
+    assert _run_gradient(tmp_path)["report"] == first["report"]  # validated, not recomputed
+    with pytest.raises(RunDirError, match="different run"):  # a different --candidates is a different run
+        _run_gradient(tmp_path, n_candidates=6)
+    path = tmp_path / "run" / "gradient.json"
+    saved = json.loads(path.read_text())
+    saved["estimate"][0][0] += 1.0
+    path.write_text(json.dumps(saved))
+    with pytest.raises(RunDirError):
+        _run_gradient(tmp_path)
+
+
+def test_cli_refuses_gradient_screen_for_the_theory_model(tmp_path):
+    with pytest.raises(OptionError, match="needs a language model"):
+        _cli(["localize", "--model", "theory", "--task", "A", "--out", str(tmp_path / "r"), "--screen", "gradient"])
+    with pytest.raises(OptionError, match="--candidates must be >= 10"):
+        _cli(["localize", "--model", "theory", "--task", "A", "--out", str(tmp_path / "r"), "--candidates", "3"])
