@@ -15,7 +15,8 @@ Removing head h sets m_h from 1 to 0, so to first order M changes by
 
 positive: removal helps, negative: removal hurts. `gradient_screen` returns the estimates for all
 L x H heads from one forward + backward per batch; `exact_metric_screen` computes the same change
-exactly (one forward per head), which is what the estimate is judged against. The estimate is
+exactly (an exact forward per head, sharing the intact prefix), which is what the estimate is
+judged against. The estimate is
 exact only when M is linear in the mask (tests/test_backward.py); for a deep network it ranks.
 """
 
@@ -76,23 +77,22 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _chunk_metric(model, rows: list[MetricRow], scoring: str, head_mask, head_fill, *, backward: bool):
-    """Sum over the chunk's items of the item metric, and dM/dm (L, H) if backward."""
-    ids, mask = model.pad([r.ids for r in rows])  # (R, T) left-padded
-    logits, cache = transformer_forward(
-        model.params, model.config, ids, mask, head_mask=head_mask, head_fill=head_fill, keep_activations=backward
-    )  # (R, T, V)
-    T = ids.shape[1]
+def _score(logits: np.ndarray, rows: list[MetricRow], T: int, t0: int, scoring: str):
+    """Sum of the item metrics from logits (R, T - t0, V) at positions t0..T-1 of a left-padded batch.
+
+    Returns total, weight (R,) = d total / d row log-prob, spans (positions predicting each row's
+    continuation, relative to t0) and their log-softmaxes, for the backward.
+    """
     spans, logps, row_logp = [], [], np.zeros(len(rows))
     for k, r in enumerate(rows):
-        first = T - len(r.ids) + r.start - 1  # logits[first] predicts ids[start]
-        span = np.arange(first, T - 1)  # (n,)
+        first = T - len(r.ids) + r.start - 1 - t0  # logits[first] predicts ids[start]
+        span = np.arange(first, T - 1 - t0)  # (n,)
         logp = _log_softmax(logits[k, span].astype(np.float64))  # (n, V)
         row_logp[k] = logp[np.arange(len(span)), r.ids[r.start :]].sum()
         spans.append(span)
         logps.append(logp)
     item_of = np.array([r.item for r in rows])
-    weight = np.ones(len(rows))  # dM_item / d row_logp
+    weight = np.ones(len(rows))
     total = 0.0
     for item in np.unique(item_of):
         members = np.flatnonzero(item_of == item)
@@ -103,6 +103,21 @@ def _chunk_metric(model, rows: list[MetricRow], scoring: str, head_mask, head_fi
         correct = [k for k in members if rows[k].correct]
         total += row_logp[correct].sum() - lse
         weight[members] = [float(rows[k].correct) - np.exp(row_logp[k] - lse) for k in members]
+    return total, weight, spans, logps
+
+
+def _first_read(rows: list[MetricRow], T: int) -> int:
+    """The earliest position whose logits any row's metric reads."""
+    return min(T - len(r.ids) + r.start - 1 for r in rows)
+
+
+def _chunk_metric(model, rows: list[MetricRow], scoring: str, head_mask, head_fill, *, backward: bool):
+    """Sum over the chunk's items of the item metric (plain forward), and dM/dm (L, H) if backward."""
+    ids, mask = model.pad([r.ids for r in rows])  # (R, T) left-padded
+    logits, cache = transformer_forward(
+        model.params, model.config, ids, mask, head_mask=head_mask, head_fill=head_fill, keep_activations=backward
+    )  # (R, T, V)
+    total, weight, spans, logps = _score(logits, rows, ids.shape[1], 0, scoring)
     if not backward:
         return total, None
     dlogits = np.zeros_like(logits)  # (R, T, V): d total / d logits
@@ -142,14 +157,27 @@ def gradient_screen(evaluator, items: Sequence[Item], *, batch_size: int = 16) -
     return total / len(items), -dM_dm / len(items)  # m = 1 everywhere: estimate = -1 * dM/dm
 
 
-def exact_metric_screen(evaluator, items: Sequence[Item], *, batch_size: int = 16, progress=None) -> tuple[float, np.ndarray]:
-    """(M intact, exact (L, H)): M with each head alone removed, minus M intact (one forward per head)."""
-    c = evaluator.model.config
-    intact = panel_metric(evaluator, items, batch_size=batch_size)
-    change = np.zeros((c.n_layers, c.n_heads))
-    for layer in range(c.n_layers):
-        for head in range(c.n_heads):
-            change[layer, head] = panel_metric(evaluator, items, ablate=[(layer, head)], batch_size=batch_size) - intact
-            if progress is not None:
-                progress(layer * c.n_heads + head + 1)
-    return intact, change
+def exact_metric_screen(evaluator, items: Sequence[Item], *, batch_size: int = 16) -> tuple[float, np.ndarray]:
+    """(M intact, exact (L, H)): M with each head alone removed, minus M intact.
+
+    Every condition is an exact forward; they share the intact prefix below the removed head and
+    run only the positions the metric reads in the last layer (`cel_numpy.models.fast`).
+    """
+    from cel_numpy.models.fast import ablated_readout, prepare
+
+    model = evaluator.model
+    c = model.config
+    prep = prepare(model)
+    conds = [()] + [((layer, head),) for layer in range(c.n_layers) for head in range(c.n_heads)]
+    totals = np.zeros(len(conds))
+    for chunk in _chunks(metric_rows(evaluator, items), batch_size):
+        ids, mask = model.pad([r.ids for r in chunk])  # (R, T)
+        T = ids.shape[1]
+        t0 = _first_read(chunk, T)
+        per_cond = ablated_readout(
+            prep, ids, mask, conds, evaluator.mean_z, readout=slice(t0, None),
+            reduce=lambda lg: np.array(_score(lg, chunk, T, t0, evaluator.task.scoring)[0]),
+        )  # fmt: skip
+        totals += np.array([float(v) for v in per_cond])
+    metric = totals / len(items)
+    return float(metric[0]), (metric[1:] - metric[0]).reshape(c.n_layers, c.n_heads)
