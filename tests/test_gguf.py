@@ -284,14 +284,9 @@ def test_chunked_dequantization_equals_whole_tensor(tmp_path, monkeypatch):
 
 
 def test_unknown_gguf_architecture(tmp_path):
-    path = tmp_path / "falcon.gguf"
-    w = gguf.GGUFWriter(str(path), "falcon")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    from test_bad_input import _gguf_arch
+
+    path = _gguf_arch(tmp_path, "falcon")
     with pytest.raises(UserError, match=r"GGUF architecture 'falcon' is not supported; supported: llama"):
         cn.load_model(path)
 
