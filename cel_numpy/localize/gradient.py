@@ -29,6 +29,7 @@ import numpy as np
 
 from cel_numpy.models.backward import transformer_backward
 from cel_numpy.models.transformer import transformer_forward
+from cel_numpy.ops import log_softmax
 from cel_numpy.tasks.base import Item
 
 
@@ -72,11 +73,6 @@ def _chunks(rows: list[MetricRow], max_rows: int) -> list[list[MetricRow]]:
     return chunks + ([current] if current else [])
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    shifted = x - x.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
-
-
 def _score(logits: np.ndarray, rows: list[MetricRow], T: int, t0: int, scoring: str):
     """Sum of the item metrics from logits (R, T - t0, V) at positions t0..T-1 of a left-padded batch.
 
@@ -87,7 +83,7 @@ def _score(logits: np.ndarray, rows: list[MetricRow], T: int, t0: int, scoring: 
     for k, r in enumerate(rows):
         first = T - len(r.ids) + r.start - 1 - t0  # logits[first] predicts ids[start]
         span = np.arange(first, T - 1 - t0)  # (n,)
-        logp = _log_softmax(logits[k, span].astype(np.float64))  # (n, V)
+        logp = log_softmax(logits[k, span].astype(np.float64))  # (n, V)
         row_logp[k] = logp[np.arange(len(span)), r.ids[r.start :]].sum()
         spans.append(span)
         logps.append(logp)
