@@ -89,8 +89,13 @@ def _split(names: str) -> list[str]:
     return [n.strip() for n in names.split(",") if n.strip()]
 
 
-def theory_setup(args):
-    """(task, cross tasks, make_evaluator) for --model theory[:PATH]."""
+def is_theory(spec: str) -> bool:
+    """--model theory or theory:PATH."""
+    return spec == "theory" or spec.startswith("theory:")
+
+
+def theory_setup(args, which: str, cross_names: list[str]):
+    """(task, cross tasks, make_evaluator) for --model theory[:PATH]; names from `theory_task_names`."""
     import numpy as np
 
     from cel_numpy.errors import ModelFileError
@@ -98,7 +103,6 @@ def theory_setup(args):
     from cel_numpy.theory import TrainConfig, load_params, train
 
     config = TrainConfig()
-    theory_task_names(args)  # before training: a wrong name must not cost a training run
     if args.model == "theory":
         if not args.quiet:
             print(f"training the theory model (default config, seed {args.theory_seed}) ...", file=sys.stderr)
@@ -116,7 +120,6 @@ def theory_setup(args):
             raise ModelFileError(f"{path}: K {params['K'].shape} and V {params['V'].shape} are not (H, T) and (H, m)")
         label = args.model
     world = config.world
-    which, cross_names = theory_task_names(args)
     task = TheoryTask(which, world, tau=args.tau)
     cross = [TheoryTask(w, world, tau=args.tau) for w in cross_names]
 
@@ -251,11 +254,11 @@ def check_options(args) -> None:
     if not args.tau > 0:
         raise OptionError(f"--tau must be > 0, got {args.tau}")
     check_model_name(args.model)
-    if args.screen == "gradient" and args.model.startswith("theory"):
+    if args.screen == "gradient" and is_theory(args.model):
         raise OptionError("--screen gradient needs a language model (its backward pass); use --screen exact with theory")
     if args.candidates < 10:
         raise OptionError(f"--candidates must be >= 10 (the number of nominees), got {args.candidates}")
-    if args.model.startswith("theory") and max(args.discovery, args.heldout) > MAX_SAMPLED_PANEL:
+    if is_theory(args.model) and max(args.discovery, args.heldout) > MAX_SAMPLED_PANEL:
         raise OptionError(f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for the theory tasks")
 
 
@@ -269,15 +272,15 @@ def run(args) -> int:
     from cel_numpy.localize.rundir import prepare_out
 
     check_options(args)
-    theory = args.model == "theory" or args.model.startswith("theory:")
+    theory = is_theory(args.model)
     if theory:
-        theory_task_names(args)
+        which, cross_names = theory_task_names(args)  # before any work: a wrong name costs no training
     else:
         task, cross = lm_tasks(args)
         check_panel_sizes(task, cross, args.discovery, args.heldout)
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
     if theory:
-        task, cross, make_evaluator = theory_setup(args)
+        task, cross, make_evaluator = theory_setup(args, which, cross_names)
     else:
         task, cross, make_evaluator = lm_setup(args, task, cross)
     executor = None
