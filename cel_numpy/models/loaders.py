@@ -60,6 +60,10 @@ class WeightSpec:
     to_ours: Callable[[np.ndarray], np.ndarray]  # checkpoint layout -> ours
     npz_shape: tuple[int, ...] | None = None  # defaults to `shape` (the export uses our layout)
 
+    def checkpoint_shape(self, fmt: str) -> tuple[int, ...]:
+        """The shape the tensor has in format `fmt` ("hf", "gguf" or "npz")."""
+        return (self.npz_shape or self.shape) if fmt == "npz" else self.source_shape
+
 
 def _identity(a):
     return a
@@ -220,7 +224,7 @@ def check_tensors(config: ModelConfig, fmt: str, headers: dict[str, TensorHeader
                 f"{where}: checkpoint has no tensor {prefix + name!r} (needed for {spec.ours}): "
                 "not a complete checkpoint of this architecture"
             )
-        expected = spec.source_shape if fmt != "npz" else (spec.npz_shape or spec.shape)
+        expected = spec.checkpoint_shape(fmt)
         if header.shape != expected:
             raise ModelFileError(
                 f"{where}: tensor {prefix + name} has shape {header.shape}, the config needs {expected}: "
@@ -233,18 +237,15 @@ def check_tensors(config: ModelConfig, fmt: str, headers: dict[str, TensorHeader
 def build_params(config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray], dtype, where: str) -> dict:
     """Read every parameter of the table through read(name) and return nested params.
 
-    `read` returns the checkpoint array (any float dtype). Each array is
-    converted, cast to `dtype` and made contiguous before the next one is read.
+    Call `check_tensors` on the headers first: every name exists with its checkpoint shape, so
+    `read` (which returns the checkpoint array, any float dtype) cannot meet a surprise. Each
+    array is converted, cast to `dtype` and made contiguous before the next one is read.
     """
     flat = {}
     for spec in weight_table(config, fmt):
         name = getattr(spec, fmt)
-        if name is None:
-            raise ModelFileError(f"{where}: format {fmt!r} has no tensor for {spec.ours}")
         source = read(name)
-        expected_source = spec.source_shape if fmt != "npz" else (spec.npz_shape or spec.shape)
-        if tuple(source.shape) != expected_source:
-            raise ModelFileError(f"{where}: tensor {name} has shape {tuple(source.shape)}, expected {expected_source}")
+        assert tuple(source.shape) == spec.checkpoint_shape(fmt), f"{where}: {name} read as {source.shape}"
         value = source if fmt == "npz" else spec.to_ours(source)
         assert value.shape == spec.shape, f"{spec.ours}: converted to {value.shape}, expected {spec.shape}"
         flat[spec.ours] = np.ascontiguousarray(value, dtype=dtype)
