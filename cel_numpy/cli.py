@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prefix}: {INTERRUPTED.get(args.command, 'interrupted')}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (UserError, OSError, ValueError) as err:
-        # ValueError: NumPy-level checks with clear messages (e.g. a position past the context);
+        # ValueError: NumPy-level checks with clear messages (e.g. a mean_z of the wrong shape);
         # OSError: a disk that filled up, a file that vanished -- the OS message names the file.
         if debug:
             raise

@@ -270,7 +270,7 @@ class BPETokenizer:
     def encode(self, text: str, *, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`; prepend bos_id if add_bos (default: self.add_bos).
 
-        `text` must be valid Unicode: a lone surrogate raises UnicodeEncodeError.
+        `text` must be valid Unicode: a lone surrogate raises PromptError naming its position.
         """
         if not isinstance(text, str):
             raise PromptError(f"text to encode must be a str, got {type(text).__name__}")
