@@ -71,7 +71,7 @@ def gemm_peak(repeats: int) -> tuple[float, str]:
         A = rng.standard_normal((M, K), dtype=np.float32)
         Bm = rng.standard_normal((K, N), dtype=np.float32)
         A @ Bm
-        rate = 2 * M * K * N / median_time(lambda: A @ Bm, repeats) / 1e9
+        rate = 2 * M * K * N / median_time(lambda: A @ Bm, repeats) / 1e9  # noqa: B023 - called within this iteration
         if rate > best:
             best, where = rate, f"{M}x{K}x{N}"
     return best, where
@@ -81,7 +81,9 @@ def forward_flops(c, B: int, T: int) -> float:
     """Matmul FLOPs of one forward (logits at every position), as our code executes them."""
     H, G, E, D, F, V = c.n_heads, c.n_kv_heads, c.d_head, c.d_model, c.d_mlp, c.vocab_size
     n_mlp = 2 if c.family == "gpt2" else 3
-    per_token_layer = D * (H + 2 * G) * E + H * E * D + n_mlp * D * F + 2 * H * T * E  # + scores and pattern @ v
+    per_token_layer = (
+        D * (H + 2 * G) * E + H * E * D + n_mlp * D * F + 2 * H * T * E
+    )  # + scores and pattern @ v
     return 2.0 * B * T * (c.n_layers * per_token_layer + D * V)
 
 
@@ -93,20 +95,56 @@ def build_gpt2(tmp: str):
         from cel_numpy.models.config import ModelConfig
         from cel_numpy.models.model import Model
 
-        c = ModelConfig(family="gpt2", n_layers=12, n_heads=12, n_kv_heads=12, d_model=768, d_head=64, d_mlp=3072,
-                        vocab_size=50257, n_ctx=1024, norm_eps=1e-5, attn_bias=True, mlp_bias=True, name="gpt2-random")
+        c = ModelConfig(
+            family="gpt2",
+            n_layers=12,
+            n_heads=12,
+            n_kv_heads=12,
+            d_model=768,
+            d_head=64,
+            d_mlp=3072,
+            vocab_size=50257,
+            n_ctx=1024,
+            norm_eps=1e-5,
+            attn_bias=True,
+            mlp_bias=True,
+            name="gpt2-random",
+        )
         rng = np.random.default_rng(0)
-        r = lambda *s: (0.02 * rng.standard_normal(s)).astype(np.float32)  # noqa: E731
-        z = lambda *s: np.zeros(s, np.float32)  # noqa: E731
-        one = lambda *s: np.ones(s, np.float32)  # noqa: E731
+        r = lambda *s: (0.02 * rng.standard_normal(s)).astype(np.float32)
+        z = lambda *s: np.zeros(s, np.float32)
+        one = lambda *s: np.ones(s, np.float32)
         W_E = r(50257, 768)
-        blocks = [{"ln1": {"w": one(768), "b": z(768)}, "ln2": {"w": one(768), "b": z(768)},
-                   "attn": {"W_Q": r(12, 768, 64), "W_K": r(12, 768, 64), "W_V": r(12, 768, 64), "W_O": r(12, 64, 768),
-                            "b_Q": z(12, 64), "b_K": z(12, 64), "b_V": z(12, 64), "b_O": z(768)},
-                   "mlp": {"W_in": r(768, 3072), "b_in": z(3072), "W_out": r(3072, 768), "b_out": z(768)}}
-                  for _ in range(12)]
-        params = {"embed": {"W_E": W_E}, "pos_embed": {"W_pos": r(1024, 768)}, "blocks": blocks,
-                  "ln_final": {"w": one(768), "b": z(768)}, "unembed": {"W_U": W_E.T}}
+        blocks = [
+            {
+                "ln1": {"w": one(768), "b": z(768)},
+                "ln2": {"w": one(768), "b": z(768)},
+                "attn": {
+                    "W_Q": r(12, 768, 64),
+                    "W_K": r(12, 768, 64),
+                    "W_V": r(12, 768, 64),
+                    "W_O": r(12, 64, 768),
+                    "b_Q": z(12, 64),
+                    "b_K": z(12, 64),
+                    "b_V": z(12, 64),
+                    "b_O": z(768),
+                },
+                "mlp": {
+                    "W_in": r(768, 3072),
+                    "b_in": z(3072),
+                    "W_out": r(3072, 768),
+                    "b_out": z(768),
+                },
+            }
+            for _ in range(12)
+        ]
+        params = {
+            "embed": {"W_E": W_E},
+            "pos_embed": {"W_pos": r(1024, 768)},
+            "blocks": blocks,
+            "ln_final": {"w": one(768), "b": z(768)},
+            "unembed": {"W_U": W_E.T},
+        }
         return Model(params, c, source="gpt2-random"), None
     torch.manual_seed(0)
     ref = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
@@ -118,15 +156,26 @@ def torch_llama_from(model):
     """A transformers LlamaForCausalLM holding our weights (HF layout: q_proj (H E, D) ...)."""
     c, p = model.config, model.params
     cfg = transformers.LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, intermediate_size=c.d_mlp, num_hidden_layers=c.n_layers,
-        num_attention_heads=c.n_heads, num_key_value_heads=c.n_kv_heads, head_dim=c.d_head, rms_norm_eps=c.norm_eps,
-        max_position_embeddings=c.n_ctx, tie_word_embeddings=c.tied_embeddings, rope_theta=c.rope_base,
+        vocab_size=c.vocab_size,
+        hidden_size=c.d_model,
+        intermediate_size=c.d_mlp,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads,
+        head_dim=c.d_head,
+        rms_norm_eps=c.norm_eps,
+        max_position_embeddings=c.n_ctx,
+        tie_word_embeddings=c.tied_embeddings,
+        rope_theta=c.rope_base,
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
     )
     ref = transformers.LlamaForCausalLM(cfg).eval()
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))  # noqa: E731
-    heads = lambda W: W.transpose(0, 2, 1).reshape(-1, W.shape[1])  # (n, D, E) -> (n E, D)  # noqa: E731
-    sd = {"model.embed_tokens.weight": t(p["embed"]["W_E"]), "model.norm.weight": t(p["ln_final"]["w"])}
+    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    heads = lambda W: W.transpose(0, 2, 1).reshape(-1, W.shape[1])  # (n, D, E) -> (n E, D)
+    sd = {
+        "model.embed_tokens.weight": t(p["embed"]["W_E"]),
+        "model.norm.weight": t(p["ln_final"]["w"]),
+    }
     for l, b in enumerate(p["blocks"]):
         h = f"model.layers.{l}."
         sd[h + "input_layernorm.weight"] = t(b["ln1"]["w"])
@@ -186,8 +235,10 @@ def bench_model(name: str, args, rows: list) -> None:
     # ---- forward
     peak, peak_shape = gemm_peak(args.repeats)
     t_fast = median_time(lambda: forward(prep, ids, mask), args.repeats)
-    t_plain = median_time(lambda: transformer_forward(model.params, c, ids, mask, keep_activations=False),
-                          args.repeats)
+    t_plain = median_time(
+        lambda: transformer_forward(model.params, c, ids, mask, keep_activations=False),
+        args.repeats,
+    )
     t_torch = None
     if ref is not None:
         tid = torch.from_numpy(ids)
@@ -196,14 +247,34 @@ def bench_model(name: str, args, rows: list) -> None:
     peak2, _ = gemm_peak(args.repeats)  # again after: the machine is shared, keep the better
     peak = max(peak, peak2)
     flops = forward_flops(c, B, T)
-    rows.append((name, "forward tokens/s: ours (fast)", f"{B * T / t_fast:,.0f}", f"{t_fast:.3f} s"))
-    rows.append((name, "forward tokens/s: ours (plain reference)", f"{B * T / t_plain:,.0f}", f"{t_plain:.3f} s"))
+    rows.append(
+        (name, "forward tokens/s: ours (fast)", f"{B * T / t_fast:,.0f}", f"{t_fast:.3f} s")
+    )
+    rows.append(
+        (
+            name,
+            "forward tokens/s: ours (plain reference)",
+            f"{B * T / t_plain:,.0f}",
+            f"{t_plain:.3f} s",
+        )
+    )
     if t_torch:
-        rows.append((name, "forward tokens/s: transformers + torch", f"{B * T / t_torch:,.0f}", f"{t_torch:.3f} s"))
+        rows.append(
+            (
+                name,
+                "forward tokens/s: transformers + torch",
+                f"{B * T / t_torch:,.0f}",
+                f"{t_torch:.3f} s",
+            )
+        )
         rows.append((name, "forward speed ours / torch", f"{t_torch / t_fast:.2f}x", "target >= 1"))
-    rows.append((name, "forward GFLOP/s ours", f"{flops / t_fast / 1e9:.1f}", f"{flops / 1e9:.1f} GFLOP"))
+    rows.append(
+        (name, "forward GFLOP/s ours", f"{flops / t_fast / 1e9:.1f}", f"{flops / 1e9:.1f} GFLOP")
+    )
     rows.append((name, f"GEMM peak GFLOP/s ({peak_shape})", f"{peak:.1f}", "float32 NumPy matmul"))
-    rows.append((name, "forward / GEMM peak", f"{flops / t_fast / 1e9 / peak:.0%}", "target >= 60%"))
+    rows.append(
+        (name, "forward / GEMM peak", f"{flops / t_fast / 1e9 / peak:.0%}", "target >= 60%")
+    )
 
     print(f"forward timed ({time.perf_counter() - t_start:.0f} s so far)", flush=True)
 
@@ -212,7 +283,7 @@ def bench_model(name: str, args, rows: list) -> None:
     conds = [(hd,) for hd in heads]
     tracemalloc.start()
     t0 = time.perf_counter()
-    best = lambda lg: lg[:, -1].argmax(-1)  # noqa: E731  the score reads only the argmax
+    best = lambda lg: lg[:, -1].argmax(-1)
     verdict = ablated_readout(prep, ids, mask, conds, readout=slice(-1, None), reduce=best)
     t_screen = time.perf_counter() - t0
     _, screen_mem = tracemalloc.get_traced_memory()
@@ -228,17 +299,33 @@ def bench_model(name: str, args, rows: list) -> None:
     def naive(hd):
         hm = np.ones((L, H), model.dtype)
         hm[hd] = 0
-        lg, _ = transformer_forward(model.params, c, ids, mask, head_mask=hm, keep_activations=False,
-                                    logit_positions=slice(-1, None))
+        lg, _ = transformer_forward(
+            model.params,
+            c,
+            ids,
+            mask,
+            head_mask=hm,
+            keep_activations=False,
+            logit_positions=slice(-1, None),
+        )
         return lg[:, -1].argmax(-1) == target
 
     t0 = time.perf_counter()
     naive_ok = {hd: naive(hd) for hd in sample}
     t_naive = (time.perf_counter() - t0) * scale
     agree = all(np.array_equal(naive_ok[hd], fast_ok[hd]) for hd in sample)
-    rows.append((name, f"screen {len(heads)} heads: ours (shared prefixes)", f"{t_screen:.2f} s", ""))
-    rows.append((name, "screen: ours naive (full recomputation)", f"{t_naive:.2f} s",
-                 f"{t_naive / t_screen:.2f}x slower" + ("" if k == len(heads) else f"; timed on {k} heads, scaled")))
+    rows.append(
+        (name, f"screen {len(heads)} heads: ours (shared prefixes)", f"{t_screen:.2f} s", "")
+    )
+    rows.append(
+        (
+            name,
+            "screen: ours naive (full recomputation)",
+            f"{t_naive:.2f} s",
+            f"{t_naive / t_screen:.2f}x slower"
+            + ("" if k == len(heads) else f"; timed on {k} heads, scaled"),
+        )
+    )
     if ref is not None:
         tid = torch.from_numpy(ids)
 
@@ -249,7 +336,7 @@ def bench_model(name: str, args, rows: list) -> None:
 
                 def pre_hook(module, inputs, h=h):
                     x = inputs[0].clone()
-                    x[..., h * E : (h + 1) * E] = 0
+                    x[..., h * E : (h + 1) * E] = 0  # noqa: B023 - called within this iteration
                     return (x,)
 
                 handle = out_proj(ref, l).register_forward_pre_hook(pre_hook)
@@ -262,29 +349,59 @@ def bench_model(name: str, args, rows: list) -> None:
                 verdicts[(l, h)] = lg.argmax(-1) == target
             return verdicts
 
-        for keep, what in ((None, "torch hook sweep (full logits)"), (1, "torch hook sweep (logits_to_keep=1)")):
+        for keep, what in (
+            (None, "torch hook sweep (full logits)"),
+            (1, "torch hook sweep (logits_to_keep=1)"),
+        ):
             t0 = time.perf_counter()
             torch_ok = torch_sweep(keep)
             t_t = (time.perf_counter() - t0) * scale
             agree = agree and all(np.array_equal(torch_ok[hd], fast_ok[hd]) for hd in sample)
-            rows.append((name, f"screen: {what}", f"{t_t:.2f} s", f"ours {t_t / t_screen:.2f}x faster (target >= 3)"))
-    rows.append((name, "screen verdicts identical across sweeps", str(agree), f"on {len(sample)} heads"))
-    rows.append((name, "screen working memory (tracemalloc peak)", f"{screen_mem / 2**20:.0f} MiB", ""))
-    rows.append((name, "peak RSS so far (ru_maxrss)", f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
-                 "process, incl. torch" if torch is not None else "process"))
+            rows.append(
+                (
+                    name,
+                    f"screen: {what}",
+                    f"{t_t:.2f} s",
+                    f"ours {t_t / t_screen:.2f}x faster (target >= 3)",
+                )
+            )
+    rows.append(
+        (name, "screen verdicts identical across sweeps", str(agree), f"on {len(sample)} heads")
+    )
+    rows.append(
+        (name, "screen working memory (tracemalloc peak)", f"{screen_mem / 2**20:.0f} MiB", "")
+    )
+    rows.append(
+        (
+            name,
+            "peak RSS so far (ru_maxrss)",
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
+            "process, incl. torch" if torch is not None else "process",
+        )
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", default="gpt2,smollm2")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--sweep-heads", type=int, default=12, help="heads timed in the naive/torch sweeps (0 = all)")
+    ap.add_argument(
+        "--sweep-heads",
+        type=int,
+        default=12,
+        help="heads timed in the naive/torch sweeps (0 = all)",
+    )
     args = ap.parse_args(argv)
     if torch is None:
-        print("torch/transformers not importable: timing ours only. For the comparison run this with the "
-              "reference venv, or: pip install torch==2.13.0 transformers", file=sys.stderr)
+        print(
+            "torch/transformers not importable: timing ours only. For the comparison run this with the "
+            "reference venv, or: pip install torch==2.13.0 transformers",
+            file=sys.stderr,
+        )
     else:
         torch.set_grad_enabled(False)
     rows: list = []
@@ -294,10 +411,17 @@ def main(argv=None) -> int:
         for r in rows[n0:]:
             print(" | ".join(r), flush=True)
     load = os.getloadavg()
-    print(f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"numpy {np.__version__}" + (f", torch {torch.__version__} ({torch.get_num_threads()} threads), "
-                                        f"transformers {transformers.__version__}" if torch is not None else "")
-          + f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"numpy {np.__version__}"
+        + (
+            f", torch {torch.__version__} ({torch.get_num_threads()} threads), "
+            f"transformers {transformers.__version__}"
+            if torch is not None
+            else ""
+        )
+        + f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     w = max(len(r[1]) for r in rows)
     print(f"\n| model | {'measure':<{w}} | value | note |\n|---|---|---|---|")
     for m, what, val, note in rows:

@@ -36,7 +36,9 @@ def torch_setup(batches: list, n_types: int):
 
     return [
         (
-            torch.nn.functional.one_hot(torch.from_numpy(b.types), n_types).to(torch.float64),  # (B, N, T)
+            torch.nn.functional.one_hot(torch.from_numpy(b.types), n_types).to(
+                torch.float64
+            ),  # (B, N, T)
             torch.from_numpy(b.z),  # (B, N, m)
             torch.from_numpy(b.y),  # (B,)
         )
@@ -82,36 +84,52 @@ def main() -> None:
     cfg = TrainConfig()
     rng = np.random.default_rng(0)
     params = init_params(rng, cfg.n_heads, cfg.n_types, cfg.d_content, cfg.init_scale)
-    t_sample, batches = timed(lambda: [sample_batch(rng, cfg.world, cfg.batch_size) for _ in range(args.steps)], 1)
-    print(f"theory default config: H={cfg.n_heads} B={cfg.batch_size} N={cfg.n_tokens} T={cfg.n_types} m={cfg.d_content}, "
-          f"float64, {args.steps} steps x {args.repeats} repeats (median), python {platform.python_version()}")
+    t_sample, batches = timed(
+        lambda: [sample_batch(rng, cfg.world, cfg.batch_size) for _ in range(args.steps)], 1
+    )
+    print(
+        f"theory default config: H={cfg.n_heads} B={cfg.batch_size} N={cfg.n_tokens} T={cfg.n_types} m={cfg.d_content}, "
+        f"float64, {args.steps} steps x {args.repeats} repeats (median), python {platform.python_version()}"
+    )
     print(f"batch sampling (NumPy, not in the step times): {args.steps / t_sample:9.0f} batches/s")
 
     t_np, p_np = timed(lambda: numpy_steps(params, batches, cfg.lr), args.repeats)
     np_rate = args.steps / t_np
-    print(f"numpy  forward+backward+update:              {np_rate:9.0f} steps/s   (numpy {np.__version__})")
+    print(
+        f"numpy  forward+backward+update:              {np_rate:9.0f} steps/s   (numpy {np.__version__})"
+    )
     per_step = (t_np + t_sample) / args.steps
-    print(f"numpy  full default training ({cfg.steps} steps, incl. sampling, no log): ~{cfg.steps * per_step:.1f} s")
+    print(
+        f"numpy  full default training ({cfg.steps} steps, incl. sampling, no log): ~{cfg.steps * per_step:.1f} s"
+    )
 
     try:
         import torch
     except ImportError:
-        print("torch not importable: no comparison (run with an interpreter that has torch, e.g. .venv-ref)")
+        print(
+            "torch not importable: no comparison (run with an interpreter that has torch, e.g. .venv-ref)"
+        )
         return
     tbatches = torch_setup(batches, cfg.n_types)
     default_threads = torch.get_num_threads()
     rates = {}
-    for threads in sorted({default_threads, 1}, reverse=True):  # tiny tensors: 1 thread is often faster
+    for threads in sorted(
+        {default_threads, 1}, reverse=True
+    ):  # tiny tensors: 1 thread is often faster
         torch.set_num_threads(threads)
         t_t, p_t = timed(lambda: torch_steps(params, tbatches, cfg.lr), args.repeats)
         rates[threads] = args.steps / t_t
         diff = max(float(np.max(np.abs(p_np[k] - p_t[k]))) for k in params)
-        print(f"torch  forward+backward(autograd)+update:    {rates[threads]:9.0f} steps/s   (torch {torch.__version__}, "
-              f"{threads} thread{'s' if threads > 1 else ''}; max |params numpy - torch| after {args.steps} steps {diff:.1e})")
+        print(
+            f"torch  forward+backward(autograd)+update:    {rates[threads]:9.0f} steps/s   (torch {torch.__version__}, "
+            f"{threads} thread{'s' if threads > 1 else ''}; max |params numpy - torch| after {args.steps} steps {diff:.1e})"
+        )
     torch.set_num_threads(default_threads)
     best = max(rates, key=rates.get)
-    print(f"ratio numpy / torch steps per second: {np_rate / rates[best]:.2f} against torch's faster setting "
-          f"({best} thread{'s' if best > 1 else ''}); {np_rate / rates[default_threads]:.2f} against its default  (goal >= 1)")
+    print(
+        f"ratio numpy / torch steps per second: {np_rate / rates[best]:.2f} against torch's faster setting "
+        f"({best} thread{'s' if best > 1 else ''}); {np_rate / rates[default_threads]:.2f} against its default  (goal >= 1)"
+    )
 
 
 if __name__ == "__main__":

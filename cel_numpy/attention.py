@@ -92,7 +92,9 @@ def softmax_attention_forward(q, k, v, *, scale: float, mask: np.ndarray | None 
     Gv = v.shape[1]
     _check_groups(H, Gk, "k")
     _check_groups(H, Gv, "v")
-    scores = _fold(q, Gk) @ k.swapaxes(-1, -2)  # (B, Gk, H/Gk*T, E) @ (B, Gk, E, S) -> (B, Gk, H/Gk*T, S)
+    scores = _fold(q, Gk) @ k.swapaxes(
+        -1, -2
+    )  # (B, Gk, H/Gk*T, E) @ (B, Gk, E, S) -> (B, Gk, H/Gk*T, S)
     scores = scores.reshape(B, H, T, S) * scale  # (B, H, T, S)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
@@ -102,7 +104,9 @@ def softmax_attention_forward(q, k, v, *, scale: float, mask: np.ndarray | None 
     return z, SoftmaxAttentionCache(q=q, k=k, v=v, probs=probs, softmax=sm_cache, scale=scale)
 
 
-def softmax_attention_backward(dz: np.ndarray, cache: SoftmaxAttentionCache, *, need_dk: bool = True):
+def softmax_attention_backward(
+    dz: np.ndarray, cache: SoftmaxAttentionCache, *, need_dk: bool = True
+):
     """dz (B, H, T, Ev) -> dq (B, H, T, E), dk (B, Gk, S, E), dv (B, Gv, S, Ev).
 
     need_dk=False skips the key gradient and returns None for it (the theory model's keys are
@@ -114,14 +118,20 @@ def softmax_attention_backward(dz: np.ndarray, cache: SoftmaxAttentionCache, *, 
     Gk, Gv = k.shape[1], v.shape[1]
     dz_f = _fold(dz, Gv)  # (B, Gv, H/Gv*T, Ev)
     dprobs = dz_f @ v.swapaxes(-1, -2)  # (B, Gv, H/Gv*T, Ev) @ (B, Gv, Ev, S) -> (B, Gv, H/Gv*T, S)
-    dv = _fold(probs, Gv).swapaxes(-1, -2) @ dz_f  # (B, Gv, S, H/Gv*T) @ (.., H/Gv*T, Ev) -> (B, Gv, S, Ev)
-    dscores = softmax_backward(dprobs.reshape(B, H, T, S), cache.softmax)  # (B, H, T, S); 0 where masked
+    dv = (
+        _fold(probs, Gv).swapaxes(-1, -2) @ dz_f
+    )  # (B, Gv, S, H/Gv*T) @ (.., H/Gv*T, Ev) -> (B, Gv, S, Ev)
+    dscores = softmax_backward(
+        dprobs.reshape(B, H, T, S), cache.softmax
+    )  # (B, H, T, S); 0 where masked
     dscores = dscores * cache.scale
     dscores_f = _fold(dscores, Gk)  # (B, Gk, H/Gk*T, S)
     dq = (dscores_f @ k).reshape(B, H, T, E)  # (B, Gk, H/Gk*T, S) @ (B, Gk, S, E) -> (B, H, T, E)
     dk = None
     if need_dk:
-        dk = dscores_f.swapaxes(-1, -2) @ _fold(q, Gk)  # (B, Gk, S, H/Gk*T) @ (.., H/Gk*T, E) -> (B, Gk, S, E)
+        dk = dscores_f.swapaxes(-1, -2) @ _fold(
+            q, Gk
+        )  # (B, Gk, S, H/Gk*T) @ (.., H/Gk*T, E) -> (B, Gk, S, E)
     return dq, dk, dv
 
 
@@ -266,7 +276,9 @@ def attention_forward(
         n_past = past_kv[0].shape[2]
         k = np.concatenate([past_kv[0], k], axis=2)  # (B, G, S, E)
         v = np.concatenate([past_kv[1], v], axis=2)  # (B, G, S, E)
-    z, core = softmax_attention_forward(q, k, v, scale=1.0 / math.sqrt(E), mask=mask)  # (B, H, T, E)
+    z, core = softmax_attention_forward(
+        q, k, v, scale=1.0 / math.sqrt(E), mask=mask
+    )  # (B, H, T, E)
     head = None
     z_masked = z
     if head_mask is not None:
@@ -278,12 +290,23 @@ def attention_forward(
         out += params["b_O"]
     out = out.reshape(B, T, D)
     cache = AttentionCache(
-        x=x, q=q, k=k, v=v, core=core, z=z, head=head, z_masked=z_masked, rotary=rotary, n_past=n_past
+        x=x,
+        q=q,
+        k=k,
+        v=v,
+        core=core,
+        z=z,
+        head=head,
+        z_masked=z_masked,
+        rotary=rotary,
+        n_past=n_past,
     )
     return out, cache
 
 
-def attention_backward(dout: np.ndarray, params: dict, cache: AttentionCache, *, fill: np.ndarray | None = None):
+def attention_backward(
+    dout: np.ndarray, params: dict, cache: AttentionCache, *, fill: np.ndarray | None = None
+):
     """dout (B, T, D) -> dx (B, T, D), grads (same keys as params), dhead_mask (H,).
 
     dhead_mask_h = dLoss/dm_h = sum(dz'_h * (z_h - fill_h)). A forward run without a head mask

@@ -35,7 +35,9 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse with usage errors on one line (not usage + error), exit status 2."""
 
     def error(self, message: str):
-        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+        self.exit(
+            EXIT_USER_ERROR, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     register_localize(sub)
     register_demo(sub)
     for p in sub.choices.values():  # `cel-numpy localize ... --debug` works too
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of any error")
+        p.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show the traceback of any error",
+        )
     return parser
 
 
@@ -78,8 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # a bug: one line here, the traceback with --debug
         if debug:
             raise
-        print(f"{prefix}: internal error: {type(err).__name__}: {one_line(str(err))} "
-              "(a bug in cel-numpy: rerun with --debug for the traceback and report it)", file=sys.stderr)
+        print(
+            f"{prefix}: internal error: {type(err).__name__}: {one_line(str(err))} "
+            "(a bug in cel-numpy: rerun with --debug for the traceback and report it)",
+            file=sys.stderr,
+        )
         return EXIT_BUG
 
 

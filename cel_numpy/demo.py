@@ -27,13 +27,34 @@ DEMO_PROMPT = "The capital of France is"
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="what `make demo` runs: theory, a small SmolLM2 localization, generation")
+    p = subparsers.add_parser(
+        "demo", help="what `make demo` runs: theory, a small SmolLM2 localization, generation"
+    )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument("--task", default=DEMO_TASK, help=f"task for the SmolLM2 localization (default {DEMO_TASK})")
-    p.add_argument("--discovery", type=int, default=DEMO_DISCOVERY, help=f"discovery panel size (default {DEMO_DISCOVERY})")
-    p.add_argument("--heldout", type=int, default=DEMO_HELDOUT, help=f"held-out panel size (default {DEMO_HELDOUT})")
-    p.add_argument("--workers", type=int, default=DEMO_WORKERS, help=f"worker processes (default {DEMO_WORKERS})")
-    p.add_argument("--theory-only", action="store_true", help="skip the SmolLM2 steps (no download)")
+    p.add_argument(
+        "--task", default=DEMO_TASK, help=f"task for the SmolLM2 localization (default {DEMO_TASK})"
+    )
+    p.add_argument(
+        "--discovery",
+        type=int,
+        default=DEMO_DISCOVERY,
+        help=f"discovery panel size (default {DEMO_DISCOVERY})",
+    )
+    p.add_argument(
+        "--heldout",
+        type=int,
+        default=DEMO_HELDOUT,
+        help=f"held-out panel size (default {DEMO_HELDOUT})",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=DEMO_WORKERS,
+        help=f"worker processes (default {DEMO_WORKERS})",
+    )
+    p.add_argument(
+        "--theory-only", action="store_true", help="skip the SmolLM2 steps (no download)"
+    )
     p.set_defaults(func=run)
 
 
@@ -51,22 +72,45 @@ def run(args) -> int:
 
     out = Path(args.out)
     prepare_out(out)  # fails in one line, before any work, if the directory cannot be written
-    _step("1/3 theory: two tasks, one conflicting feature, one head", ["theory", "--out", str(out / "theory"), "--quiet"])
+    _step(
+        "1/3 theory: two tasks, one conflicting feature, one head",
+        ["theory", "--out", str(out / "theory"), "--quiet"],
+    )
     if args.theory_only:
         print(f"\ndone (theory only). Summary: {out / 'theory' / 'summary.json'}")
         return 0
     loc = out / f"localize-{args.task}"
     _step(
         f"2/3 localize on SmolLM2-135M-Instruct, task {args.task}",
-        ["localize", "--model", "smollm2", "--task", args.task, "--discovery", str(args.discovery),
-         "--heldout", str(args.heldout), "--cross-tasks", "none", "--workers", str(args.workers), "--out", str(loc)],
+        [
+            "localize",
+            "--model",
+            "smollm2",
+            "--task",
+            args.task,
+            "--discovery",
+            str(args.discovery),
+            "--heldout",
+            str(args.heldout),
+            "--cross-tasks",
+            "none",
+            "--workers",
+            str(args.workers),
+            "--out",
+            str(loc),
+        ],
     )
     report = json.loads((loc / "report.json").read_text())
     heads = report["primary"]["heads"]
     spec = ",".join(f"{layer}.{head}" for layer, head in heads)
-    _step("3/3 generate: intact", ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8"])
-    _step(f"3/3 generate: rank-1 head set {spec} removed",
-          ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8", "--ablate", spec])
+    _step(
+        "3/3 generate: intact",
+        ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8"],
+    )
+    _step(
+        f"3/3 generate: rank-1 head set {spec} removed",
+        ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8", "--ablate", spec],
+    )
     print(
         f"\nWhere to look:\n  theory summary and figures: {out / 'theory'}\n"
         f"  localization report:        {loc / 'report.md'} (figures beside it)\n",

@@ -11,8 +11,8 @@ zero true gradient along many directions and a wrong backward can still pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -105,7 +105,9 @@ def cmp(name: str, analytic: np.ndarray, numeric: np.ndarray) -> Comparison:
     analytic = np.asarray(analytic)
     numeric = np.asarray(numeric)
     if analytic.shape != numeric.shape:
-        raise ValueError(f"{name}: analytic shape {analytic.shape} != numeric shape {numeric.shape}")
+        raise ValueError(
+            f"{name}: analytic shape {analytic.shape} != numeric shape {numeric.shape}"
+        )
     return Comparison(
         name=name,
         exact=bool(np.array_equal(analytic, numeric)),
@@ -135,4 +137,6 @@ def check_op(
     def loss() -> float:
         return float(np.sum(forward(**inputs)[0] * dout))
 
-    return [cmp(name, analytic[name], numerical_gradient(loss, inputs[name], eps)) for name in analytic]
+    return [
+        cmp(name, analytic[name], numerical_gradient(loss, inputs[name], eps)) for name in analytic
+    ]

@@ -215,7 +215,9 @@ def cross_entropy_forward(logits: np.ndarray, targets: np.ndarray):
     loss = -1/N sum_n log softmax(logits_n)[targets_n]
     """
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"cross_entropy: logits (N, V) and targets (N,), got {logits.shape} and {targets.shape}")
+        raise ValueError(
+            f"cross_entropy: logits (N, V) and targets (N,), got {logits.shape} and {targets.shape}"
+        )
     logp = log_softmax(logits, axis=-1)  # (N, V)
     N = logits.shape[0]
     loss = -np.mean(logp[np.arange(N), targets])

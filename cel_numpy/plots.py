@@ -33,10 +33,16 @@ def plot_theory_task_losses(log: dict, closed_form: dict, path: str | os.PathLik
     """log: {"step": (L,), "loss_a": (L,), "loss_b": (L,), "loss_joint": (L,)}; closed_form {joint, a, b}."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    for key, name, color in (("loss_a", "task A", "C0"), ("loss_b", "task B", "C1"), ("loss_joint", "joint", "C2")):
+    for key, name, color in (
+        ("loss_a", "task A", "C0"),
+        ("loss_b", "task B", "C1"),
+        ("loss_joint", "joint", "C2"),
+    ):
         ax.plot(log["step"], log[key], color=color, label=name)
     for key, name, color in (("a", "A", "C0"), ("b", "B", "C1"), ("joint", "joint", "C2")):
-        ax.axhline(closed_form[key], color=color, linestyle="--", linewidth=1, label=f"closed form {name}")
+        ax.axhline(
+            closed_form[key], color=color, linestyle="--", linewidth=1, label=f"closed form {name}"
+        )
     ax.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="no c-feature (0.5)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss on fresh samples")
@@ -89,7 +95,13 @@ def plot_concentration_vs_init(records: list[dict], path: str | os.PathLike) -> 
     fig, ax = plt.subplots(figsize=(6.0, 3.8))
     ax.scatter(scales, conc, alpha=0.6, label="one seed")
     uniq = np.unique(scales)
-    ax.plot(uniq, [conc[scales == s].mean() for s in uniq], color="C1", marker="o", label="mean over seeds")
+    ax.plot(
+        uniq,
+        [conc[scales == s].mean() for s in uniq],
+        color="C1",
+        marker="o",
+        label="mean over seeds",
+    )
     ax.set_xscale("log")
     ax.set_ylim(0, 1.05)
     ax.set_xlabel(r"init scale $\sigma_0$")

@@ -53,8 +53,10 @@ from transformers import GPT2LMHeadModel
 def gpt2_config_dict(hf_config) -> dict:
     """Our config keys from a transformers GPT2Config; refuses variants our forward lacks."""
     if hf_config.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"unsupported activation {hf_config.activation_function!r}: "
-                         "cel-numpy's GPT-2 uses the tanh GELU")
+        raise ValueError(
+            f"unsupported activation {hf_config.activation_function!r}: "
+            "cel-numpy's GPT-2 uses the tanh GELU"
+        )
     if hf_config.scale_attn_by_inverse_layer_idx or not hf_config.scale_attn_weights:
         raise ValueError("unsupported attention scaling: only 1/sqrt(d_head) is implemented")
     if not hf_config.tie_word_embeddings:
@@ -81,26 +83,26 @@ def gpt2_to_npz_arrays(state: dict, cfg: dict) -> dict:
     F, V, n_ctx = cfg["d_mlp"], cfg["vocab_size"], cfg["n_ctx"]
     assert H * E == D, f"n_heads * d_head = {H * E} != d_model = {D}"
 
-    def heads_in(w):   # (D, H*E) columns per head -> (H, D, E)
+    def heads_in(w):  # (D, H*E) columns per head -> (H, D, E)
         return w.reshape(D, H, E).transpose(1, 0, 2)
 
     out = {
-        "W_E": state["transformer.wte.weight"],        # (V, D)
-        "W_pos": state["transformer.wpe.weight"],      # (n_ctx, D)
-        "ln_f.w": state["transformer.ln_f.weight"],    # (D,)
-        "ln_f.b": state["transformer.ln_f.bias"],      # (D,)
+        "W_E": state["transformer.wte.weight"],  # (V, D)
+        "W_pos": state["transformer.wpe.weight"],  # (n_ctx, D)
+        "ln_f.w": state["transformer.ln_f.weight"],  # (D,)
+        "ln_f.b": state["transformer.ln_f.bias"],  # (D,)
     }
     expected = {"W_E": (V, D), "W_pos": (n_ctx, D), "ln_f.w": (D,), "ln_f.b": (D,)}
     for l in range(L):
         hf = f"transformer.h.{l}."
         ours = f"blocks.{l}."
-        w_qkv = state[hf + "attn.c_attn.weight"]       # (D, 3D) = [q | k | v] columns
-        b_qkv = state[hf + "attn.c_attn.bias"]         # (3D,)
+        w_qkv = state[hf + "attn.c_attn.weight"]  # (D, 3D) = [q | k | v] columns
+        b_qkv = state[hf + "attn.c_attn.bias"]  # (3D,)
         assert w_qkv.shape == (D, 3 * D), f"{hf}attn.c_attn.weight {w_qkv.shape} != {(D, 3 * D)}"
         assert b_qkv.shape == (3 * D,), f"{hf}attn.c_attn.bias {b_qkv.shape} != {(3 * D,)}"
         for i, name in enumerate("QKV"):
-            out[ours + f"attn.W_{name}"] = heads_in(w_qkv[:, i * D:(i + 1) * D])   # (H, D, E)
-            out[ours + f"attn.b_{name}"] = b_qkv[i * D:(i + 1) * D].reshape(H, E)  # (H, E)
+            out[ours + f"attn.W_{name}"] = heads_in(w_qkv[:, i * D : (i + 1) * D])  # (H, D, E)
+            out[ours + f"attn.b_{name}"] = b_qkv[i * D : (i + 1) * D].reshape(H, E)  # (H, E)
             expected[ours + f"attn.W_{name}"] = (H, D, E)
             expected[ours + f"attn.b_{name}"] = (H, E)
         table = [

@@ -45,35 +45,45 @@ def top(a: np.ndarray, k: int = 10) -> set[int]:
 def from_run(run: Path, items, n_layers: int, n_heads: int) -> dict:
     manifest = json.loads((run / "manifest.json").read_text())
     if manifest["panel_hashes"]["discovery"] != items_hash(items):
-        raise SystemExit(f"{run}: its discovery panel is not this one (hash differs): pass matching --discovery/--heldout/--seed")
+        raise SystemExit(
+            f"{run}: its discovery panel is not this one (hash differs): pass matching --discovery/--heldout/--seed"
+        )
     screen = json.loads((run / "screen.done.json").read_text())
     gain = np.zeros((n_layers, n_heads))
     for cond in screen["summary"]["conditions"]:
-        (layer, head), = cond["heads"]
+        ((layer, head),) = cond["heads"]
         gain[layer, head] = cond["gain"]
     nominees = {layer * n_heads + head for layer, head in screen["summary"]["nominees"]}
-    started = dt.datetime.fromisoformat(json.loads((run / "baseline.done.json").read_text())["finished"])
+    started = dt.datetime.fromisoformat(
+        json.loads((run / "baseline.done.json").read_text())["finished"]
+    )
     finished = dt.datetime.fromisoformat(screen["finished"])
     return {"gain": gain, "nominees": nominees, "seconds": (finished - started).total_seconds()}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--tasks", default="ioi,agreement,antonyms,capitals,arithmetic")
     ap.add_argument("--discovery", type=int, default=20)
     ap.add_argument("--heldout", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--runs", type=Path, help="folder with finished localize runs, one per task name")
+    ap.add_argument(
+        "--runs", type=Path, help="folder with finished localize runs, one per task name"
+    )
     ap.add_argument("--out", type=Path, help="write the measurements as JSON here")
     args = ap.parse_args()
 
     model = cel_numpy.load_model(args.model)
     L, H = model.config.n_layers, model.config.n_heads
     rows = []
-    print("| task | items | M intact | gradient s | exact s | ratio | Spearman vs exact M | top-10 overlap "
-          "| Spearman vs accuracy screen | nominees in gradient top 10 |")
+    print(
+        "| task | items | M intact | gradient s | exact s | ratio | Spearman vs exact M | top-10 overlap "
+        "| Spearman vs accuracy screen | nominees in gradient top 10 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.tasks.split(","):
         task = get_task(name)
@@ -84,28 +94,44 @@ def main() -> None:
         t1 = time.perf_counter()
         m_check, exact = exact_metric_screen(evaluator, items, batch_size=args.batch_size)
         t2 = time.perf_counter()
-        assert abs(m_intact - m_check) < 1e-4 * max(1.0, abs(m_intact)), "intact metric differs between the paths"
+        assert abs(m_intact - m_check) < 1e-4 * max(1.0, abs(m_intact)), (
+            "intact metric differs between the paths"
+        )
         row = {
-            "task": name, "items": len(items), "metric_intact": m_intact,
-            "gradient_seconds": t1 - t0, "exact_seconds": t2 - t1, "ratio": (t2 - t1) / (t1 - t0),
+            "task": name,
+            "items": len(items),
+            "metric_intact": m_intact,
+            "gradient_seconds": t1 - t0,
+            "exact_seconds": t2 - t1,
+            "ratio": (t2 - t1) / (t1 - t0),
             "spearman_exact_metric": float(spearmanr(estimate.ravel(), exact.ravel())[0]),
             "top10_overlap_exact_metric": len(top(estimate) & top(exact)),
-            "estimate": estimate.tolist(), "exact": exact.tolist(),
+            "estimate": estimate.tolist(),
+            "exact": exact.tolist(),
         }
         acc = ""
         if args.runs is not None and (args.runs / name / "screen.done.json").is_file():
             run = from_run(args.runs / name, items, L, H)
-            row["spearman_accuracy_screen"] = float(spearmanr(estimate.ravel(), run["gain"].ravel())[0])
+            row["spearman_accuracy_screen"] = float(
+                spearmanr(estimate.ravel(), run["gain"].ravel())[0]
+            )
             row["nominees_in_gradient_top10"] = len(top(estimate) & run["nominees"])
             row["accuracy_screen_seconds_from_run"] = run["seconds"]
             acc = f"{row['spearman_accuracy_screen']:+.2f} | {row['nominees_in_gradient_top10']}/10"
         else:
             acc = "- | -"
-        print(f"| {name} | {len(items)} | {m_intact:+.3f} | {t1 - t0:.1f} | {t2 - t1:.0f} | {row['ratio']:.0f}x "
-              f"| {row['spearman_exact_metric']:+.2f} | {row['top10_overlap_exact_metric']}/10 | {acc} |", flush=True)
+        print(
+            f"| {name} | {len(items)} | {m_intact:+.3f} | {t1 - t0:.1f} | {t2 - t1:.0f} | {row['ratio']:.0f}x "
+            f"| {row['spearman_exact_metric']:+.2f} | {row['top10_overlap_exact_metric']}/10 | {acc} |",
+            flush=True,
+        )
         rows.append(row)
         if args.out is not None:
-            args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1))
+            args.out.write_text(
+                json.dumps(
+                    {"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1
+                )
+            )
 
 
 if __name__ == "__main__":

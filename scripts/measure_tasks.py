@@ -41,7 +41,9 @@ def choose(model, items, batch_size: int) -> list[str]:
         chunk = rows[start : start + batch_size]
         logits = model.logits([ids for _, _, ids, _ in chunk])  # (B, T, V), left-padded
         for b, (_, _, ids, k) in enumerate(chunk):
-            logp = log_softmax(logits[b, -k - 1 : -1])  # (k, V): positions predicting the choice tokens
+            logp = log_softmax(
+                logits[b, -k - 1 : -1]
+            )  # (k, V): positions predicting the choice tokens
             scores[start + b] = logp[np.arange(k), ids[-k:]].sum()
     best: dict[int, tuple[float, str]] = {}
     for (i, choice, _, _), score in zip(rows, scores):
@@ -82,11 +84,15 @@ def main() -> None:
         by_subtask = defaultdict(list)
         for it, ok in zip(items, correct):
             by_subtask[it.subtask].append(ok)
-        print(f"{name:14s} {task.scoring:8s} acc {np.mean(correct):.2f}  (n={len(items)}, {time.perf_counter() - t0:.0f}s)")
+        print(
+            f"{name:14s} {task.scoring:8s} acc {np.mean(correct):.2f}  (n={len(items)}, {time.perf_counter() - t0:.0f}s)"
+        )
         if len(by_subtask) > 1:
             print("    " + "  ".join(f"{s} {np.mean(v):.2f}" for s, v in by_subtask.items()))
         for it, out, ok in list(zip(items, outputs, correct))[: args.show]:
-            print(f"    {'ok ' if ok else 'BAD'} {it.prompt[-60:]!r} -> {out!r} (answer {it.answer!r})")
+            print(
+                f"    {'ok ' if ok else 'BAD'} {it.prompt[-60:]!r} -> {out!r} (answer {it.answer!r})"
+            )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def row(run: Path) -> str:
     d, h = fin["discovery"], p["heldout"]
     intact = r["intact"]
     cross = "; ".join(
-        f"{name} {s['gain_rate']:+.3f} (p {s['p_value']:.2g})" for name, s in sorted(p["crosstask"].items())
+        f"{name} {s['gain_rate']:+.3f} (p {s['p_value']:.2g})"
+        for name, s in sorted(p["crosstask"].items())
     )
     return (
         f"| {r['task']['name']} | {intact['discovery']['correct']}/{intact['discovery']['n']}, "
@@ -45,8 +46,10 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    print("| task | intact (discovery, held-out) | rank-1 heads | discovery gain | held-out gain [95% CI] "
-          "| McNemar p | effect on other tasks (held-out gain) | wall |")
+    print(
+        "| task | intact (discovery, held-out) | rank-1 heads | discovery gain | held-out gain [95% CI] "
+        "| McNemar p | effect on other tasks (held-out gain) | wall |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for arg in argv:
         print(row(Path(arg)))

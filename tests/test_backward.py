@@ -69,14 +69,21 @@ def test_random_direction_matches_finite_differences(model64, ablation):
 
     eps = 1e-5
     numeric = (loss_at(eps) - loss_at(-eps)) / (2 * eps)
-    analytic = sum(float(np.sum(gflat[k] * direction[k])) for k in flat) + float(np.sum(grads["head_mask"] * dmask))
-    assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(numeric)), f"directional derivative {analytic} vs FD {numeric}"
+    analytic = sum(float(np.sum(gflat[k] * direction[k])) for k in flat) + float(
+        np.sum(grads["head_mask"] * dmask)
+    )
+    assert abs(numeric - analytic) <= 1e-6 * max(1.0, abs(numeric)), (
+        f"directional derivative {analytic} vs FD {numeric}"
+    )
 
 
 def test_grads_have_the_keys_and_shapes_of_params(model64):
     seqs, targets = _batch(model64, np.random.default_rng(2))
     _, grads = model64.loss_and_grads(seqs, targets)
-    flat, gflat = flatten_params(model64.params), flatten_params({k: v for k, v in grads.items() if k != "head_mask"})
+    flat, gflat = (
+        flatten_params(model64.params),
+        flatten_params({k: v for k, v in grads.items() if k != "head_mask"}),
+    )
     assert flat.keys() == gflat.keys()
     assert all(gflat[k].shape == flat[k].shape for k in flat), "a gradient has the wrong shape"
     assert grads["head_mask"].shape == (model64.config.n_layers, model64.config.n_heads)
@@ -90,7 +97,9 @@ def test_elementwise_sample_of_every_tensor(model64):
     head_mask = rng.uniform(0.5, 1.0, (c.n_layers, c.n_heads))
     _, grads = model64.loss_and_grads(seqs, targets, head_mask=head_mask)
     gflat = flatten_params({k: v for k, v in grads.items() if k != "head_mask"})
-    cases = [(k, v, gflat[k]) for k, v in _distinct_tensors(model64).items()] + [("head_mask", head_mask, grads["head_mask"])]
+    cases = [(k, v, gflat[k]) for k, v in _distinct_tensors(model64).items()] + [
+        ("head_mask", head_mask, grads["head_mask"])
+    ]
     eps = 1e-6
     for name, tensor, grad in cases:
         for flat_index in rng.choice(tensor.size, size=min(4, tensor.size), replace=False):
@@ -102,7 +111,9 @@ def test_elementwise_sample_of_every_tensor(model64):
             down = model64.loss_and_grads(seqs, targets, head_mask=head_mask)[0]
             tensor[idx] = old
             numeric = (up - down) / (2 * eps)
-            assert abs(numeric - grad[idx]) <= 1e-6 + 1e-5 * abs(numeric), f"{name}{idx}: {grad[idx]} vs FD {numeric}"
+            assert abs(numeric - grad[idx]) <= 1e-6 + 1e-5 * abs(numeric), (
+                f"{name}{idx}: {grad[idx]} vs FD {numeric}"
+            )
 
 
 def _reference_grads_in_our_layout(name: str, ref, tmp_path) -> dict:
@@ -119,16 +130,22 @@ def _reference_grads_in_our_layout(name: str, ref, tmp_path) -> dict:
 def test_parity_with_torch_autograd(name, tmp_path):
     ref = np.load(FIXTURES / f"{name}_grads.npz")
     model = cn.load_model(FIXTURES / name, dtype="float64")
-    loss, grads = model.loss_and_grads(ref["input_ids"], ref["targets"], ref["attention_mask"], head_mask=ref["head_mask"])
+    loss, grads = model.loss_and_grads(
+        ref["input_ids"], ref["targets"], ref["attention_mask"], head_mask=ref["head_mask"]
+    )
     assert abs(loss - float(ref["loss"])) < 1e-10, f"loss {loss} vs torch {float(ref['loss'])}"
     np.testing.assert_allclose(grads["head_mask"], ref["grad_head_mask"], rtol=1e-4, atol=1e-9)
     expected = flatten_params(_reference_grads_in_our_layout(name, ref, tmp_path))
     ours = flatten_params({k: v for k, v in grads.items() if k != "head_mask"})
     assert ours.keys() == expected.keys()
-    for key in expected:  # relative to the tensor's largest entry; b_K's true gradient is 0 (softmax shift)
+    for key in (
+        expected
+    ):  # relative to the tensor's largest entry; b_K's true gradient is 0 (softmax shift)
         scale = np.abs(expected[key]).max()
         err = np.abs(ours[key] - expected[key]).max()
-        assert err <= 1e-4 * scale + 1e-12, f"{name} {key}: max error {err:.2e}, largest entry {scale:.2e}"
+        assert err <= 1e-4 * scale + 1e-12, (
+            f"{name} {key}: max error {err:.2e}, largest entry {scale:.2e}"
+        )
 
 
 def test_first_order_estimate_is_exact_when_the_metric_is_linear_in_the_mask():
@@ -159,4 +176,6 @@ def test_first_order_estimate_is_exact_when_the_metric_is_linear_in_the_mask():
         removed = head_mask.copy()
         removed[h] = 0.0
         exact = metric(removed) - metric(head_mask)
-        assert abs(estimate[h] - exact) < 1e-10 * max(1.0, abs(exact)), f"head {h}: estimate {estimate[h]} vs exact {exact}"
+        assert abs(estimate[h] - exact) < 1e-10 * max(1.0, abs(exact)), (
+            f"head {h}: estimate {estimate[h]} vs exact {exact}"
+        )

@@ -11,7 +11,9 @@ def test_demo_theory_only_writes_summary(tmp_path, capsys):
     assert abs(summary["closed_form"]["joint"] - 0.42) < 1e-12
     assert summary["concentration"] > 0.7
     out = capsys.readouterr().out
-    assert "$ cel-numpy theory" in out, "the demo must show each step as a command the user can re-run"
+    assert "$ cel-numpy theory" in out, (
+        "the demo must show each step as a command the user can re-run"
+    )
 
 
 def test_demo_unwritable_out_is_one_line_error(tmp_path, capsys):

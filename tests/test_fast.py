@@ -13,14 +13,20 @@ import pytest
 import cel_numpy as cn
 from cel_numpy.localize.evaluate import LMEvaluator
 from cel_numpy.models.fast import ablated_readout, forward, generate_conditions, prepare
-from cel_numpy.models.transformer import transformer_forward
 
-FIXTURES = ["tests/fixtures/tiny_gpt2", "tests/fixtures/tiny_llama", "tests/fixtures/tiny_llama_tied"]
+FIXTURES = [
+    "tests/fixtures/tiny_gpt2",
+    "tests/fixtures/tiny_llama",
+    "tests/fixtures/tiny_llama_tied",
+]
 ATOL = 1e-4
 
 
 def _batch(model, rng, B=5):
-    seqs = [list(rng.integers(0, model.config.vocab_size, size=int(rng.integers(3, 9)))) for _ in range(B)]
+    seqs = [
+        list(rng.integers(0, model.config.vocab_size, size=int(rng.integers(3, 9))))
+        for _ in range(B)
+    ]
     return model.pad(seqs)
 
 
@@ -56,9 +62,13 @@ def test_ablated_readout_matches_one_forward_per_condition(path, ablation):
     conds = _conditions(c.n_layers, c.n_heads)
     mean_z = model.mean_z(ids, mask) if ablation == "mean" else None
     # small waves so that waves, stacking and prefix sharing are all exercised
-    got = ablated_readout(prepare(model), ids, mask, conds, mean_z, readout=slice(-3, None), max_rows=3 * ids.size)
+    got = ablated_readout(
+        prepare(model), ids, mask, conds, mean_z, readout=slice(-3, None), max_rows=3 * ids.size
+    )
     for cond, lg in zip(conds, got):
-        ref = model.logits(ids, attention_mask=mask, ablate=list(cond) or None, ablation=ablation, mean_z=mean_z)
+        ref = model.logits(
+            ids, attention_mask=mask, ablate=list(cond) or None, ablation=ablation, mean_z=mean_z
+        )
         np.testing.assert_allclose(lg, ref[:, -3:], atol=ATOL, rtol=0, err_msg=f"condition {cond}")
 
 
@@ -66,19 +76,25 @@ def test_ablated_readout_matches_one_forward_per_condition(path, ablation):
 def test_generate_conditions_matches_generate_ids(path):
     model = cn.load_model(path)
     rng = np.random.default_rng(2)
-    prompts = [list(rng.integers(0, model.config.vocab_size, size=int(rng.integers(2, 7)))) for _ in range(4)]
+    prompts = [
+        list(rng.integers(0, model.config.vocab_size, size=int(rng.integers(2, 7))))
+        for _ in range(4)
+    ]
     c = model.config
     conds = _conditions(c.n_layers, c.n_heads)[:8]
-    stop = lambda ids: ids[-1] == 5  # noqa: E731  a caller's stop test (like "a newline was generated")
-    got = generate_conditions(prepare(model), prompts, model.pad_id, conds, None, 6, eos=3, is_done=stop,
-                              max_rows=40)
+    stop = lambda ids: ids[-1] == 5
+    got = generate_conditions(
+        prepare(model), prompts, model.pad_id, conds, None, 6, eos=3, is_done=stop, max_rows=40
+    )
     for cond, new in zip(conds, got):
         ref = model.generate_ids(prompts, 6, ablate=list(cond) or None, stop_at_eos=False)
         for r, g in zip(ref, new):
             r = [t for t in r]
             cut = next((i for i, t in enumerate(r) if t == 3), len(r))  # eos ends the row, excluded
             r = r[:cut]
-            cut = next((i + 1 for i, t in enumerate(r) if t == 5), len(r))  # stop test: the token is kept
+            cut = next(
+                (i + 1 for i, t in enumerate(r) if t == 5), len(r)
+            )  # stop test: the token is kept
             assert g == r[:cut], f"condition {cond}"
 
 
@@ -86,7 +102,10 @@ def test_generate_conditions_matches_generate_ids(path):
 
 
 def _planted():
-    from test_localize import PlantedTask, planted_model  # tests/ is on sys.path (rootdir-less test modules)
+    from test_localize import (
+        PlantedTask,
+        planted_model,
+    )  # tests/ is on sys.path (rootdir-less test modules)
 
     return planted_model, PlantedTask
 
@@ -99,7 +118,9 @@ def test_evaluator_fast_equals_naive_planted(scoring, ablation):
     task = PlantedTask(scoring)
     items = task.sample(np.random.default_rng(4), 11)
     conds = _conditions(model.config.n_layers, model.config.n_heads)
-    kw = dict(ablation=ablation, reference_items=items if ablation == "mean" else None, batch_size=4)
+    kw = dict(
+        ablation=ablation, reference_items=items if ablation == "mean" else None, batch_size=4
+    )
     fast = LMEvaluator(model, task, **kw).evaluate_many(items, conds)
     naive = LMEvaluator(model, task, fast=False, **kw).evaluate_many(items, conds)
     assert fast == naive
@@ -113,9 +134,18 @@ def test_localization_ranking_fast_equals_naive(tmp_path):
     task = PlantedTask("generate")
     runs = {}
     for fast in (True, False):
-        make = lambda t, ref, fast=fast: LMEvaluator(model, t, batch_size=7, fast=fast)  # noqa: E731
-        runs[fast] = localize(tmp_path / str(fast), make, task, n_discovery=20, n_heldout=20, seed=0,
-                              progress=False, command="test", until="joint")
+        make = lambda t, ref, fast=fast: LMEvaluator(model, t, batch_size=7, fast=fast)
+        runs[fast] = localize(
+            tmp_path / str(fast),
+            make,
+            task,
+            n_discovery=20,
+            n_heldout=20,
+            seed=0,
+            progress=False,
+            command="test",
+            until="joint",
+        )
     assert runs[True]["screen"] == runs[False]["screen"]
     assert runs[True]["joint"] == runs[False]["joint"]
 
@@ -130,12 +160,16 @@ def smollm2():
 
 def test_smollm2_fast_forward_and_ablations(smollm2):
     m = smollm2
-    prompts = [m.encode(p) for p in ["The capital of France is", "Question: What is 48 plus 76?\nAnswer:"]]
+    prompts = [
+        m.encode(p) for p in ["The capital of France is", "Question: What is 48 plus 76?\nAnswer:"]
+    ]
     ids, mask = m.pad(prompts)
     plain = m.logits(ids, attention_mask=mask)
     fast = forward(prepare(m), ids, mask)
     valid = mask.astype(bool)
-    np.testing.assert_allclose(fast[valid], plain[valid], atol=2e-3, rtol=0)  # logits of order 10-30
+    np.testing.assert_allclose(
+        fast[valid], plain[valid], atol=2e-3, rtol=0
+    )  # logits of order 10-30
     conds = [(), ((0, 0),), ((14, 4),), ((29, 8),), ((3, 1), (20, 2)), ((3, 1), (20, 5), (27, 0))]
     got = ablated_readout(prepare(m), ids, mask, conds, readout=slice(-1, None))
     for cond, lg in zip(conds, got):

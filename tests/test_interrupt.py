@@ -37,7 +37,7 @@ N_DISCOVERY = N_HELDOUT = 30
 N_JOINT = 28 + 56  # pairs and triples of 8 nominees
 STAGES = ("baseline", "screen", "joint", "confirm", "heldout", "crosstask")
 
-DRIVER = r'''
+DRIVER = r"""
 import os, sys, time
 from cel_numpy.localize import evaluate, routine
 
@@ -69,14 +69,16 @@ evaluate.TheoryEvaluator.evaluate_condition = logged_condition
 from cel_numpy.cli import main
 
 sys.exit(main(sys.argv[1:]))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """(params.npz, driver script, finished reference run directory)."""
     root = tmp_path_factory.mktemp("interrupt")
-    params = init_params(np.random.default_rng(0), n_heads=8, n_types=8, d_content=8, init_scale=1.0)
+    params = init_params(
+        np.random.default_rng(0), n_heads=8, n_types=8, d_content=8, init_scale=1.0
+    )
     np.savez(root / "params.npz", **params)
     driver = root / "driver.py"
     driver.write_text(DRIVER)
@@ -86,14 +88,38 @@ def setup(tmp_path_factory):
 
 
 def argv(params: Path, out: Path) -> list[str]:
-    return ["localize", "--model", f"theory:{params}", "--task", "A", "--discovery", str(N_DISCOVERY),
-            "--heldout", str(N_HELDOUT), "--out", str(out)]
+    return [
+        "localize",
+        "--model",
+        f"theory:{params}",
+        "--task",
+        "A",
+        "--discovery",
+        str(N_DISCOVERY),
+        "--heldout",
+        str(N_HELDOUT),
+        "--out",
+        str(out),
+    ]
 
 
-def start(driver: Path, params: Path, out: Path, log: Path, delay: float, *extra: str) -> subprocess.Popen:
-    env = {**os.environ, "CEL_TEST_LOG": str(log), "CEL_TEST_DELAY": str(delay), "OPENBLAS_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, str(driver), *argv(params, out), *extra], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def start(
+    driver: Path, params: Path, out: Path, log: Path, delay: float, *extra: str
+) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "CEL_TEST_LOG": str(log),
+        "CEL_TEST_DELAY": str(delay),
+        "OPENBLAS_NUM_THREADS": "1",
+    }
+    return subprocess.Popen(
+        [sys.executable, str(driver), *argv(params, out), *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_joint_records(proc: subprocess.Popen, out: Path, timeout: float = 60.0) -> None:
@@ -104,7 +130,9 @@ def wait_for_joint_records(proc: subprocess.Popen, out: Path, timeout: float = 6
         if records.exists() and records.stat().st_size > 0:
             return
         if proc.poll() is not None:
-            pytest.fail(f"the run ended (status {proc.returncode}) before the joint stage: {proc.stderr.read()}")
+            pytest.fail(
+                f"the run ended (status {proc.returncode}) before the joint stage: {proc.stderr.read()}"
+            )
         time.sleep(0.02)
     proc.kill()
     pytest.fail("the joint stage did not start within the timeout")
@@ -112,11 +140,13 @@ def wait_for_joint_records(proc: subprocess.Popen, out: Path, timeout: float = 6
 
 def complete_blocks(records: Path) -> list[str]:
     """Names of the blocks whose every line (one per discovery item) is on disk, newline-terminated."""
-    lines = records.read_bytes().split(b"\n")[:-1]  # the part after the last newline is not a record
+    lines = records.read_bytes().split(b"\n")[
+        :-1
+    ]  # the part after the last newline is not a record
     names = [json.loads(line)["block"] for line in lines]
     blocks = []
     for i in range(0, len(names) - N_DISCOVERY + 1, N_DISCOVERY):
-        assert len(set(names[i:i + N_DISCOVERY])) == 1, f"blocks interleaved at line {i + 1}"
+        assert len(set(names[i : i + N_DISCOVERY])) == 1, f"blocks interleaved at line {i + 1}"
         blocks.append(names[i])
     return blocks
 
@@ -137,8 +167,12 @@ def evaluations_by_stage(log: Path) -> dict[str, list[str]]:
 
 def assert_same_results(out: Path, reference: Path) -> None:
     for stage in STAGES:
-        assert (out / f"{stage}.jsonl").read_bytes() == (reference / f"{stage}.jsonl").read_bytes(), stage
-        done, ref_done = (json.loads((d / f"{stage}.done.json").read_text()) for d in (out, reference))
+        assert (out / f"{stage}.jsonl").read_bytes() == (
+            reference / f"{stage}.jsonl"
+        ).read_bytes(), stage
+        done, ref_done = (
+            json.loads((d / f"{stage}.done.json").read_text()) for d in (out, reference)
+        )
         done.pop("finished"), ref_done.pop("finished")
         assert done == ref_done, stage
     for name in ("finalists.json", "report.json", "panels/discovery.jsonl", "panels/heldout.jsonl"):
@@ -157,10 +191,14 @@ def resume_and_check(driver, params, out, reference, log, on_disk: list[str]) ->
     assert proc.returncode == 0, stderr
     evaluated = evaluations_by_stage(log)
     for stage in ("baseline", "screen"):
-        assert evaluated[stage] == [], f"{stage} was finished, yet evaluated again: {evaluated[stage]}"
+        assert evaluated[stage] == [], (
+            f"{stage} was finished, yet evaluated again: {evaluated[stage]}"
+        )
     plan = joint_plan(reference)
     assert plan[: len(on_disk)] == on_disk
-    assert evaluated["joint"] == plan[len(on_disk):], "the resumed joint stage must evaluate exactly what was missing"
+    assert evaluated["joint"] == plan[len(on_disk) :], (
+        "the resumed joint stage must evaluate exactly what was missing"
+    )
     assert f"joint      resuming after {len(on_disk)} of {N_JOINT} conditions" in stderr
     assert_same_results(out, reference)
     return stderr
@@ -175,13 +213,18 @@ def test_ctrl_c_mid_stage_then_resume(setup, tmp_path):
     second = start(driver, params, out, tmp_path / "second.log", 0.0, "--quiet")  # a second writer
     _, err2 = second.communicate(timeout=60)
     assert second.returncode == 2
-    assert err2.strip() == f"cel-numpy localize: error: {out / 'lock'} is held by pid {proc.pid} on {os.uname().nodename}: " \
-                           "another run is writing here", err2
+    assert (
+        err2.strip()
+        == f"cel-numpy localize: error: {out / 'lock'} is held by pid {proc.pid} on {os.uname().nodename}: "
+        "another run is writing here"
+    ), err2
 
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
-    assert stderr.splitlines() == ["cel-numpy localize: interrupted; rerun the same command to resume"], stderr
+    assert stderr.splitlines() == [
+        "cel-numpy localize: interrupted; rerun the same command to resume"
+    ], stderr
     assert not (out / "lock").exists(), "Ctrl-C must release the lock"
     assert not (out / "joint.done.json").exists()
     on_disk = complete_blocks(out / "joint.jsonl")
@@ -223,7 +266,9 @@ def test_half_line_appended_to_a_finished_stage_is_refused(setup, tmp_path, caps
         f"cel-numpy localize: error: {records} does not match screen.done.json (sha256 differs: edited or corrupted); "
         "use a fresh --out, or delete screen.jsonl and screen.done.json (and every later stage) to redo it"
     ], err
-    assert records.read_bytes() == before + b'{"block": "L0H3", "panel": "disc', "a refused run must not touch the records"
+    assert records.read_bytes() == before + b'{"block": "L0H3", "panel": "disc', (
+        "a refused run must not touch the records"
+    )
 
 
 def test_ctrl_c_with_worker_processes_is_one_line(setup, tmp_path):
@@ -234,6 +279,8 @@ def test_ctrl_c_with_worker_processes_is_one_line(setup, tmp_path):
     os.killpg(proc.pid, signal.SIGINT)  # the whole process group, workers included
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
-    assert stderr.splitlines() == ["cel-numpy localize: interrupted; rerun the same command to resume"], stderr
+    assert stderr.splitlines() == [
+        "cel-numpy localize: interrupted; rerun the same command to resume"
+    ], stderr
     on_disk = complete_blocks(out / "joint.jsonl")
     resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)

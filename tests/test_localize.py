@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,7 +34,7 @@ from cel_numpy.localize.ranking import (
     rank_joint,
     rank_singletons,
 )
-from cel_numpy.localize.routine import STAGES, Localizer, localize
+from cel_numpy.localize.routine import STAGES, localize
 from cel_numpy.localize.stats import (
     mcnemar_exact,
     mover_difference,
@@ -82,8 +81,14 @@ class FakeEvaluator:
         self.draws = {}  # item id -> (score, pushes (L, H))
 
     def identity(self):
-        return {"kind": "fake", "spec": "fake", "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "planted": sorted([list(k), v] for k, v in self.planted.items()), "salt": self.salt}
+        return {
+            "kind": "fake",
+            "spec": "fake",
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "planted": sorted([list(k), v] for k, v in self.planted.items()),
+            "salt": self.salt,
+        }
 
     def evaluate_one(self, items, cond):
         self.calls += 1
@@ -111,8 +116,18 @@ def fake_factory(**kw):
 
 def run_fake(out, until="report", n_disc=40, n_held=40, seed=0, **kw):
     factory = kw.pop("factory", None) or fake_factory(**kw.pop("ev", {}))
-    return localize(out, factory, FakeTask(), n_discovery=n_disc, n_heldout=n_held, seed=seed, until=until,
-                    progress=False, command="test", **kw)
+    return localize(
+        out,
+        factory,
+        FakeTask(),
+        n_discovery=n_disc,
+        n_heldout=n_held,
+        seed=seed,
+        until=until,
+        progress=False,
+        command="test",
+        **kw,
+    )
 
 
 # --------------------------------------------------------------------------- statistics
@@ -194,7 +209,16 @@ def test_joint_ranking_prefers_fewer_heads_on_ties():
     triple = S([(0, 0), (0, 1), (0, 2)], 50, 5, 1)
     pair = S([(1, 1), (2, 2)], 50, 5, 1)
     single = S([(5, 5)], 50, 5, 1)
-    better = S([(0, 0), (0, 1), (0, 2), ], 51, 5, 1)
+    better = S(
+        [
+            (0, 0),
+            (0, 1),
+            (0, 2),
+        ],
+        51,
+        5,
+        1,
+    )
     ranked = rank_joint([triple, pair, single])
     assert [len(s.heads) for s in ranked] == [1, 2, 3]
     assert rank_joint([single, better])[0] is better  # -correct comes before the size tie-break
@@ -202,14 +226,18 @@ def test_joint_ranking_prefers_fewer_heads_on_ties():
 
 
 def test_joint_enumeration_is_175_candidates():
-    ranked = rank_singletons([S([(l, h)], 10, (7 * l + 3 * h) % 11, 0) for l in range(4) for h in range(5)])
+    ranked = rank_singletons(
+        [S([(l, h)], 10, (7 * l + 3 * h) % 11, 0) for l in range(4) for h in range(5)]
+    )
     nom = nominees(ranked, 10)
     assert len(nom) == 10 and len(set(nom)) == 10
     singles, new = joint_enumeration(nom)
     assert len(singles) == 10 and len(new) == 45 + 120
     everything = singles + new
     assert len(everything) == 175 and len(set(everything)) == 175
-    assert all(len(set(c)) == len(c) and set(c) <= set(nom) and list(c) == sorted(c) for c in everything)
+    assert all(
+        len(set(c)) == len(c) and set(c) <= set(nom) and list(c) == sorted(c) for c in everything
+    )
     assert sum(len(c) == 2 for c in new) == 45 and sum(len(c) == 3 for c in new) == 120
 
 
@@ -275,13 +303,15 @@ def test_executor_gives_identical_records(tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:
         run_fake(tmp_path / "par", until="joint", chunk_size=3, executor=pool)
     for stage in ("baseline", "screen", "joint"):
-        assert (tmp_path / "seq" / f"{stage}.jsonl").read_bytes() == (tmp_path / "par" / f"{stage}.jsonl").read_bytes()
+        assert (tmp_path / "seq" / f"{stage}.jsonl").read_bytes() == (
+            tmp_path / "par" / f"{stage}.jsonl"
+        ).read_bytes()
 
 
 def test_resume_reuses_finished_stages(tmp_path):
     out = tmp_path / "run"
     factory_ev = FakeEvaluator()
-    factory = lambda task, ref: factory_ev  # noqa: E731
+    factory = lambda task, ref: factory_ev
     run_fake(out, until="screen", factory=factory)
     calls = factory_ev.calls
     run_fake(out, until="screen", factory=factory)
@@ -309,8 +339,11 @@ def test_tampered_record_refuses(tmp_path):
     records = out / "screen.jsonl"
     text = records.read_text()
     first = text.splitlines()[0]
-    flipped = first.replace('"correct": true', '"correct": false') if '"correct": true' in first \
+    flipped = (
+        first.replace('"correct": true', '"correct": false')
+        if '"correct": true' in first
         else first.replace('"correct": false', '"correct": true')
+    )
     records.write_text(text.replace(first, flipped, 1))
     with pytest.raises(rd.RunDirError, match=r"screen\.jsonl does not match screen\.done\.json"):
         run_fake(out, until="joint")
@@ -366,7 +399,9 @@ def test_lock_stops_a_second_writer(tmp_path):
     with pytest.raises(rd.RunDirError, match="held by pid"):
         run_fake(out, until="baseline")
     (out / "lock").write_text(f"999999999 {__import__('socket').gethostname()} then\n")
-    run_fake(out, until="baseline")  # pid not running on this host: the stale lock is taken over (see rundir)
+    run_fake(
+        out, until="baseline"
+    )  # pid not running on this host: the stale lock is taken over (see rundir)
     assert not (out / "lock").exists()  # released after the run
 
 
@@ -415,8 +450,17 @@ def test_theory_acceptance(tmp_path, trained_theory):
     def make(task, reference_items):
         return TheoryEvaluator(params, task)
 
-    res = localize(tmp_path / "run", make, task_a, n_discovery=300, n_heldout=300, seed=0, cross_tasks=[task_b],
-                   progress=False, command="test")
+    res = localize(
+        tmp_path / "run",
+        make,
+        task_a,
+        n_discovery=300,
+        n_heldout=300,
+        seed=0,
+        cross_tasks=[task_b],
+        progress=False,
+        command="test",
+    )
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     primary = report["primary"]
     assert [0, c_head] in primary["heads"], (primary["heads"], c_load)
@@ -491,7 +535,10 @@ class PlantedTask:
 
     def sample(self, rng, n):
         prompts = ["".join(rng.choice(list("xy"), size=int(rng.integers(3, 9)))) for _ in range(n)]
-        return [Item(self.name, "s", p, "a", ("a", "b") if self.scoring == "choice" else ()) for p in prompts]
+        return [
+            Item(self.name, "s", p, "a", ("a", "b") if self.scoring == "choice" else ())
+            for p in prompts
+        ]
 
     def is_correct(self, item, output):
         return output.strip() == item.answer
@@ -509,9 +556,22 @@ def planted_model(rng, good=(0, 0), bad=(1, 1), n_layers=2, n_heads=3):
     from cel_numpy.models.model import Model
 
     L, H, D, E, F, V = n_layers, n_heads, 8, 4, 16, len(ALPHABET)
-    config = ModelConfig(family="gpt2", n_layers=L, n_heads=H, n_kv_heads=H, d_model=D, d_head=E, d_mlp=F,
-                         vocab_size=V, n_ctx=32, norm_eps=1e-5, attn_bias=True, mlp_bias=True, name="planted")
-    small = lambda *shape: 0.1 * rng.standard_normal(shape)  # noqa: E731
+    config = ModelConfig(
+        family="gpt2",
+        n_layers=L,
+        n_heads=H,
+        n_kv_heads=H,
+        d_model=D,
+        d_head=E,
+        d_mlp=F,
+        vocab_size=V,
+        n_ctx=32,
+        norm_eps=1e-5,
+        attn_bias=True,
+        mlp_bias=True,
+        name="planted",
+    )
+    small = lambda *shape: 0.1 * rng.standard_normal(shape)
     eye = np.eye(D)
     d_a, d_b = eye[0] - eye[1], eye[2] - eye[3]
     W_E = np.zeros((V, D))
@@ -520,13 +580,28 @@ def planted_model(rng, good=(0, 0), bad=(1, 1), n_layers=2, n_heads=3):
     W_E[ALPHABET.index("b")] = 2 * d_b
     blocks = []
     for _ in range(L):
-        blocks.append({
-            "ln1": {"w": np.ones(D), "b": np.zeros(D)},
-            "attn": {"W_Q": small(H, D, E), "W_K": small(H, D, E), "W_V": small(H, D, E), "W_O": small(H, E, D),
-                     "b_Q": np.zeros((H, E)), "b_K": np.zeros((H, E)), "b_V": np.zeros((H, E)), "b_O": np.zeros(D)},
-            "ln2": {"w": np.ones(D), "b": np.zeros(D)},
-            "mlp": {"W_in": small(D, F), "b_in": np.zeros(F), "W_out": small(F, D), "b_out": np.zeros(D)},
-        })
+        blocks.append(
+            {
+                "ln1": {"w": np.ones(D), "b": np.zeros(D)},
+                "attn": {
+                    "W_Q": small(H, D, E),
+                    "W_K": small(H, D, E),
+                    "W_V": small(H, D, E),
+                    "W_O": small(H, E, D),
+                    "b_Q": np.zeros((H, E)),
+                    "b_K": np.zeros((H, E)),
+                    "b_V": np.zeros((H, E)),
+                    "b_O": np.zeros(D),
+                },
+                "ln2": {"w": np.ones(D), "b": np.zeros(D)},
+                "mlp": {
+                    "W_in": small(D, F),
+                    "b_in": np.zeros(F),
+                    "W_out": small(F, D),
+                    "b_out": np.zeros(D),
+                },
+            }
+        )
     for (l, h), push in ((good, 5 * d_a), (bad, 10 * d_b)):
         attn = blocks[l]["attn"]
         attn["W_V"][h] = 0.0
@@ -552,8 +627,16 @@ def test_planted_harmful_head_is_rank_one(tmp_path, scoring):
     def make(t, reference_items):
         return LMEvaluator(model, t, batch_size=7, spec="planted")
 
-    res = localize(tmp_path / "run", make, task, n_discovery=30, n_heldout=30, seed=0, progress=False,
-                   command="test")
+    res = localize(
+        tmp_path / "run",
+        make,
+        task,
+        n_discovery=30,
+        n_heldout=30,
+        seed=0,
+        progress=False,
+        command="test",
+    )
     assert res["baseline"]["correct"] == 0  # the harmful head wins everywhere
     assert res["joint"]["ranking"][0] == "L1H1"
     ho = res["heldout"]["heldout"]["finalists"][0]
@@ -575,7 +658,9 @@ def test_lm_evaluator_choice_matches_manual_logprobs():
         scores = []
         for ch in it.choices:
             ids = model.tokenizer.encode(it.prompt + ch)
-            logits = np.asarray(model.logits([ids], ablate=[(0, 2)]), dtype=np.float64)[0, -2]  # predicts last
+            logits = np.asarray(model.logits([ids], ablate=[(0, 2)]), dtype=np.float64)[
+                0, -2
+            ]  # predicts last
             logp = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
             scores.append(logp[ids[-1]])
         assert r.answer == it.choices[int(np.argmax(scores))]
@@ -600,10 +685,24 @@ def _cli(argv):
 def test_cli_theory_stages_and_resume(tmp_path, trained_theory, capsys):
     params, _ = trained_theory
     np.savez(tmp_path / "params.npz", K=params["K"], V=params["V"])
-    base = ["localize", "--model", f"theory:{tmp_path / 'params.npz'}", "--task", "A", "--discovery", "60",
-            "--heldout", "60", "--out", str(tmp_path / "run"), "--quiet"]
+    base = [
+        "localize",
+        "--model",
+        f"theory:{tmp_path / 'params.npz'}",
+        "--task",
+        "A",
+        "--discovery",
+        "60",
+        "--heldout",
+        "60",
+        "--out",
+        str(tmp_path / "run"),
+        "--quiet",
+    ]
     assert _cli(base + ["--stage", "screen"]) == 0
-    assert (tmp_path / "run" / "screen.done.json").exists() and not (tmp_path / "run" / "joint.jsonl").exists()
+    assert (tmp_path / "run" / "screen.done.json").exists() and not (
+        tmp_path / "run" / "joint.jsonl"
+    ).exists()
     assert _cli(base) == 0
     out = capsys.readouterr().out
     assert "rank 1:" in out and "report.md" in out

@@ -59,7 +59,10 @@ def test_parity_with_transformers(source, dtype):
             model.logits(ids, mask, ablate=[(int(ref["ablate_layer"]), int(ref["ablate_head"]))]),
             ref["logits_ablated"],
         ),
-        "pair": (model.logits(ids, mask, ablate=[tuple(p) for p in ref["ablate_pairs"]]), ref["logits_ablated_pair"]),
+        "pair": (
+            model.logits(ids, mask, ablate=[tuple(p) for p in ref["ablate_pairs"]]),
+            ref["logits_ablated_pair"],
+        ),
     }
     for case, (ours, theirs) in cases.items():
         assert ours.dtype == np.dtype(dtype), f"{case}: logits are {ours.dtype}, model is {dtype}"
@@ -101,10 +104,16 @@ def test_head_mask_of_ones_is_bitwise_identical(source):
     c = model.config
     plain, _ = transformer_forward(model.params, c, ref["input_ids"], ref["attention_mask"])
     ones, _ = transformer_forward(
-        model.params, c, ref["input_ids"], ref["attention_mask"], head_mask=np.ones((c.n_layers, c.n_heads))
+        model.params,
+        c,
+        ref["input_ids"],
+        ref["attention_mask"],
+        head_mask=np.ones((c.n_layers, c.n_heads)),
     )
     np.testing.assert_array_equal(plain, ones)
-    np.testing.assert_array_equal(plain, model.logits(ref["input_ids"], ref["attention_mask"], ablate=[]))
+    np.testing.assert_array_equal(
+        plain, model.logits(ref["input_ids"], ref["attention_mask"], ablate=[])
+    )
 
 
 @pytest.mark.parametrize("source", HF_FIXTURES)
@@ -125,7 +134,9 @@ def test_joint_ablation_of_one_head_equals_single_and_lower_layers_untouched():
     double, _ = model.run_with_cache(ids, ablate=[(1, 2), (1, 2)])
     np.testing.assert_array_equal(single, double)
     _, c0 = model.run_with_cache(ids)
-    np.testing.assert_array_equal(c0["blocks.1.resid_pre"], c1["blocks.1.resid_pre"])  # layer 0 unchanged
+    np.testing.assert_array_equal(
+        c0["blocks.1.resid_pre"], c1["blocks.1.resid_pre"]
+    )  # layer 0 unchanged
     assert not np.allclose(c0["blocks.1.resid_post"], c1["blocks.1.resid_post"])
 
 
@@ -136,7 +147,9 @@ def test_gqa_ablation_removes_one_query_head_and_keeps_its_kv_group():
     _, ablated = model.run_with_cache(ids, ablate=[(1, 2)])
     z, z_abl = ablated["blocks.1.attn.z"], ablated["blocks.1.attn.z_ablated"]
     assert np.all(z_abl[:, 2] == 0)
-    np.testing.assert_array_equal(z_abl[:, 3], intact["blocks.1.attn.z"][:, 3])  # same kv group, untouched
+    np.testing.assert_array_equal(
+        z_abl[:, 3], intact["blocks.1.attn.z"][:, 3]
+    )  # same kv group, untouched
     np.testing.assert_array_equal(z, intact["blocks.1.attn.z"])  # z before ablation unchanged
     np.testing.assert_array_equal(ablated["blocks.1.attn.k"], intact["blocks.1.attn.k"])
 
@@ -144,25 +157,38 @@ def test_gqa_ablation_removes_one_query_head_and_keeps_its_kv_group():
 def test_mean_ablation_uses_mean_z_over_real_reference_positions():
     model = load("tiny_llama")
     ref = reference("tiny_llama")
-    reference_ids = [list(r[m.astype(bool)]) for r, m in zip(ref["input_ids"], ref["attention_mask"])]
+    reference_ids = [
+        list(r[m.astype(bool)]) for r, m in zip(ref["input_ids"], ref["attention_mask"])
+    ]
     _, cache = model.run_with_cache(reference_ids)
     real = cache["attention_mask"].astype(bool)  # (B, T)
-    expected = np.stack([cache[f"blocks.{l}.attn.z"].transpose(0, 2, 1, 3)[real].mean(axis=0) for l in range(2)])
+    expected = np.stack(
+        [cache[f"blocks.{l}.attn.z"].transpose(0, 2, 1, 3)[real].mean(axis=0) for l in range(2)]
+    )
     np.testing.assert_allclose(model.mean_z(reference_ids), expected, atol=1e-12)  # (L, H, E)
     np.testing.assert_allclose(model.mean_z(reference_ids, batch_size=1), expected, atol=1e-12)
 
     ids = ref["unpadded_ids"]
-    mean_abl, c = model.run_with_cache(ids, ablate=[(1, 2)], ablation="mean", reference=reference_ids)
-    np.testing.assert_allclose(c["blocks.1.attn.z_ablated"][0, 2], np.broadcast_to(expected[1, 2], (7, 8)), atol=1e-12)
+    mean_abl, c = model.run_with_cache(
+        ids, ablate=[(1, 2)], ablation="mean", reference=reference_ids
+    )
+    np.testing.assert_allclose(
+        c["blocks.1.attn.z_ablated"][0, 2], np.broadcast_to(expected[1, 2], (7, 8)), atol=1e-12
+    )
     zero_abl = model.logits(ids, ablate=[(1, 2)])
     assert not np.allclose(mean_abl, zero_abl)
-    np.testing.assert_array_equal(mean_abl, model.logits(ids, ablate=[(1, 2)], ablation="mean", mean_z=expected))
+    np.testing.assert_array_equal(
+        mean_abl, model.logits(ids, ablate=[(1, 2)], ablation="mean", mean_z=expected)
+    )
 
 
 def test_ablation_errors_are_one_line():
     model = load("tiny_llama")
     ids = [[1, 2, 3]]
-    with pytest.raises(InvalidHeadError, match=r"^head \(2, 0\) out of range: model has 2 layers x 4 heads \(0-based\)$"):
+    with pytest.raises(
+        InvalidHeadError,
+        match=r"^head \(2, 0\) out of range: model has 2 layers x 4 heads \(0-based\)$",
+    ):
         model.logits(ids, ablate=[(2, 0)])
     with pytest.raises(InvalidHeadError, match="pairs"):
         model.logits(ids, ablate=(1, 2))
@@ -196,7 +222,9 @@ def test_named_activations_are_consistent():
     real = ref["attention_mask"].astype(bool)
     pattern = cache["blocks.0.attn.pattern"]  # (B, H, T, S)
     for b in range(B):
-        assert np.all(pattern[b][:, real[b]][:, :, ~real[b]] == 0), f"row {b}: a real query attends to padding"
+        assert np.all(pattern[b][:, real[b]][:, :, ~real[b]] == 0), (
+            f"row {b}: a real query attends to padding"
+        )
     with pytest.raises(KeyError, match="unknown activation"):
         cache["blocks.0.attn.nope"]
     np.testing.assert_array_equal(logits, cache["logits"])
@@ -205,8 +233,16 @@ def test_named_activations_are_consistent():
 def test_float32_residual_stream_stays_float32():
     model = load("tiny_gpt2", "float32")
     _, cache = model.run_with_cache([[1, 2, 3, 4]])
-    for name in ("embed", "blocks.1.resid_mid", "blocks.1.resid_post", "blocks.1.mlp.post", "logits"):
-        assert cache[name].dtype == np.float32, f"{name} is {cache[name].dtype}: a float64 constant promoted it?"
+    for name in (
+        "embed",
+        "blocks.1.resid_mid",
+        "blocks.1.resid_post",
+        "blocks.1.mlp.post",
+        "logits",
+    ):
+        assert cache[name].dtype == np.float32, (
+            f"{name} is {cache[name].dtype}: a float64 constant promoted it?"
+        )
 
 
 def test_partial_unembedding_matches_full():
@@ -214,7 +250,9 @@ def test_partial_unembedding_matches_full():
     ids = reference("tiny_gpt2")["unpadded_ids"]
     full, _ = transformer_forward(model.params, model.config, ids)
     cols = np.array([3, 17, 95])
-    part, _ = transformer_forward(model.params, model.config, ids, logit_positions=slice(-2, None), logit_columns=cols)
+    part, _ = transformer_forward(
+        model.params, model.config, ids, logit_positions=slice(-2, None), logit_columns=cols
+    )
     np.testing.assert_allclose(part, full[:, -2:, cols], atol=1e-12)
 
 
@@ -241,7 +279,9 @@ def test_kv_cache_generation_equals_recomputation(source):
     past = cache.kv
     for t in cached[1][:4]:
         mask = np.concatenate([mask, [[1]]], axis=1)
-        step, cache = transformer_forward(model.params, model.config, np.array([[t]]), mask, past=past)
+        step, cache = transformer_forward(
+            model.params, model.config, np.array([[t]]), mask, past=past
+        )
         past = cache.kv
     np.testing.assert_allclose(step[0, -1], full, atol=1e-10)
 
@@ -267,7 +307,9 @@ def test_no_tokenizer_means_a_clear_error_for_text():
 
 def test_config_validation_and_roundtrip():
     cfg = load("tiny_llama").config
-    assert cfg.n_heads == 4 and cfg.n_kv_heads == 2 and cfg.group_size == 2 and not cfg.tied_embeddings
+    assert (
+        cfg.n_heads == 4 and cfg.n_kv_heads == 2 and cfg.group_size == 2 and not cfg.tied_embeddings
+    )
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
     for model in (load("tiny_llama"), load("tiny_llama_tied"), load("tiny_gpt2")):
         assert model.n_params() == model.config.n_params()
@@ -288,7 +330,9 @@ def test_unknown_architecture_is_one_line(tmp_path):
     shutil.copytree(FIXTURES / "tiny_llama", folder)
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "mistral"}))
-    with pytest.raises(UserError, match=r"unsupported architecture 'mistral'.*supported model_type: gpt2, llama"):
+    with pytest.raises(
+        UserError, match=r"unsupported architecture 'mistral'.*supported model_type: gpt2, llama"
+    ):
         cn.load_model(folder)
 
 
@@ -318,7 +362,10 @@ def test_sharded_safetensors_index(tmp_path):
     shutil.copy(FIXTURES / "tiny_llama" / "config.json", folder)
     tensors = load_file(FIXTURES / "tiny_llama" / "model.safetensors")
     names = sorted(tensors)
-    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[::2],
+        "model-00002-of-00002.safetensors": names[1::2],
+    }
     weight_map = {}
     for shard, keys in shards.items():
         save_file({k: tensors[k] for k in keys}, folder / shard)
@@ -373,11 +420,22 @@ def test_cli_generate_with_ablation(tmp_path, capsys):
     folder = tiny_folder_with_tokenizer(tmp_path)
     model = cn.load_model(folder)
     assert model.decode(model.encode("hello world")) == "hello world"
-    argv = ["generate", "--model", str(folder), "hello", "--max-new-tokens", "4", "--ablate", "1.2,0.1"]
+    argv = [
+        "generate",
+        "--model",
+        str(folder),
+        "hello",
+        "--max-new-tokens",
+        "4",
+        "--ablate",
+        "1.2,0.1",
+    ]
     assert run_cli(argv + ["--ablation", "mean"]) == 0
     out = capsys.readouterr().out
     assert "[intact] next token" in out and "[ablated 1.2,0.1 (mean)]" in out
-    expected = model.generate("hello", 4, ablate=[(1, 2), (0, 1)], ablation="mean", reference=[model.encode("hello")])
+    expected = model.generate(
+        "hello", 4, ablate=[(1, 2), (0, 1)], ablation="mean", reference=[model.encode("hello")]
+    )
     assert f"greedy: 'hello' + {expected!r}" in out
     with pytest.raises(UserError, match="not LAYER.HEAD"):
         run_cli(["generate", "--model", str(folder), "hi", "--ablate", "1-2"])

@@ -29,9 +29,21 @@ def theory():
 
 def _theory_run(out, theory, executor=None):
     params, world = theory
-    make = lambda task, reference_items: TheoryEvaluator(params, task)  # noqa: E731
-    return localize(out, make, TheoryTask("A", world), n_discovery=60, n_heldout=20, seed=0, until="joint",
-                    progress=False, command="test", executor=executor, chunk_size=2, n_nominees=3)
+    make = lambda task, reference_items: TheoryEvaluator(params, task)
+    return localize(
+        out,
+        make,
+        TheoryTask("A", world),
+        n_discovery=60,
+        n_heldout=20,
+        seed=0,
+        until="joint",
+        progress=False,
+        command="test",
+        executor=executor,
+        chunk_size=2,
+        n_nominees=3,
+    )
 
 
 def test_process_pool_lm_records_identical(tmp_path):
@@ -39,8 +51,16 @@ def test_process_pool_lm_records_identical(tmp_path):
 
     model = planted_model(np.random.default_rng(0))
     task = PlantedTask("generate")
-    make = lambda t, ref: LMEvaluator(model, t, batch_size=7)  # noqa: E731
-    kw = dict(n_discovery=20, n_heldout=10, seed=0, until="joint", progress=False, command="test", chunk_size=2)
+    make = lambda t, ref: LMEvaluator(model, t, batch_size=7)
+    kw = dict(
+        n_discovery=20,
+        n_heldout=10,
+        seed=0,
+        until="joint",
+        progress=False,
+        command="test",
+        chunk_size=2,
+    )
     localize(tmp_path / "seq", make, task, **kw)
     with ProcessPoolExecutor(max_workers=2) as pool:
         localize(tmp_path / "par", make, task, executor=pool, **kw)
@@ -49,8 +69,11 @@ def test_process_pool_lm_records_identical(tmp_path):
 
 def test_dask_local_cluster_records_identical(tmp_path, theory):
     import dask.distributed as distributed  # the [test] extra, installed by `make test`: fails, not skips
+
     _theory_run(tmp_path / "seq", theory)
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
         with distributed.Client(cluster) as client:
             _theory_run(tmp_path / "dask", theory, executor=client.get_executor())
     _same_records(tmp_path / "seq", tmp_path / "dask")

@@ -8,12 +8,18 @@ README = (ROOT / "README.md").read_text()
 
 
 def test_readme_python_example_runs(capsys):
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "import cel_numpy as cn" in b]
+    blocks = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", README, flags=re.S)
+        if "import cel_numpy as cn" in b
+    ]
     assert blocks, "README has no ```python example that imports cel_numpy as cn"
     namespace: dict = {}
-    exec(compile(blocks[0], "README.md", "exec"), namespace)  # noqa: S102 - our own documentation
+    exec(compile(blocks[0], "README.md", "exec"), namespace)
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(" Paris"), f"README example should continue with ' Paris', got {out[0]!r}"
+    assert out[0].startswith(" Paris"), (
+        f"README example should continue with ' Paris', got {out[0]!r}"
+    )
     logits = namespace["logits"]
     assert logits.shape[:2] == namespace["ids_batch"].shape
     assert "blocks.3.attn.pattern" in namespace["cache"].names()
@@ -24,5 +30,9 @@ def test_ci_runs_the_readme_test_command():
     assert "make test" in commands and "make demo" in commands, commands
     ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     steps = [line for line in ci if line and not line.startswith("#") and line not in ("set -e",)]
-    assert steps[-1] == "make test", f".ci/run must end by running the README's test command, got {steps}"
-    assert all(s.startswith("cd ") for s in steps[:-1]), f".ci/run runs more than the README says: {steps}"
+    assert steps[-1] == "make test", (
+        f".ci/run must end by running the README's test command, got {steps}"
+    )
+    assert all(s.startswith("cd ") for s in steps[:-1]), (
+        f".ci/run runs more than the README says: {steps}"
+    )

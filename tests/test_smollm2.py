@@ -42,7 +42,16 @@ def facts(model):
 
 def test_gguf_facts(model):
     c = model.config
-    got = (c.family, c.n_layers, c.n_heads, c.n_kv_heads, c.d_model, c.d_head, c.d_mlp, c.vocab_size)
+    got = (
+        c.family,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.d_model,
+        c.d_head,
+        c.d_mlp,
+        c.vocab_size,
+    )
     assert got == ("llama", 30, 9, 3, 576, 64, 1536, 49152)
     assert (c.rope_base, c.norm_eps, c.tied_embeddings) == (1e5, 1e-5, True)
     assert model.dtype == np.float32
@@ -82,7 +91,12 @@ def test_head_mask_of_ones_is_bitwise_identical(model, facts):
     c = model.config
     plain, _ = transformer_forward(model.params, c, ids, mask, keep_activations=False)
     ones, _ = transformer_forward(
-        model.params, c, ids, mask, head_mask=np.ones((c.n_layers, c.n_heads)), keep_activations=False
+        model.params,
+        c,
+        ids,
+        mask,
+        head_mask=np.ones((c.n_layers, c.n_heads)),
+        keep_activations=False,
     )
     np.testing.assert_array_equal(plain, ones)
 
@@ -114,7 +128,9 @@ MEASURE = textwrap.dedent(
 
 def measure_load_memory() -> dict:
     """Peak resident memory of loading SmolLM2 in a fresh interpreter, minus its baseline."""
-    out = subprocess.run([sys.executable, "-c", MEASURE], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", MEASURE], capture_output=True, text=True, check=True
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["ratio"] = (result["peak"] - result["base"]) / result["weights"]
     return result

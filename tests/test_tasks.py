@@ -63,7 +63,11 @@ def test_uneven_panel_sizes_stay_balanced():
     d, h = make_panels(ARITH, 13, 9, seed=1)
     both = Counter(it.subtask for it in d + h)
     assert max(both.values()) - min(both.values()) <= 1
-    assert max(Counter(it.subtask for it in d).values()) - min(Counter(it.subtask for it in d).values()) <= 1
+    assert (
+        max(Counter(it.subtask for it in d).values())
+        - min(Counter(it.subtask for it in d).values())
+        <= 1
+    )
 
 
 def test_panel_can_exhaust_a_small_space():
@@ -114,7 +118,9 @@ def test_protocol_only_task_fallback():
 
 
 _ARITH_PROMPT = re.compile(r"Question: What is (\d+) (plus|minus|times) (\d+)\?\nAnswer:")
-_COMPOSITE_PROMPT = re.compile(r"Question: What is (\d) (plus|minus|times) \((\d) (plus|minus|times) (\d)\)\?\nAnswer:")
+_COMPOSITE_PROMPT = re.compile(
+    r"Question: What is (\d) (plus|minus|times) \((\d) (plus|minus|times) (\d)\)\?\nAnswer:"
+)
 _APPLY = {"plus": lambda x, y: x + y, "minus": lambda x, y: x - y, "times": lambda x, y: x * y}
 _SUBTASK_OP = {"add": "plus", "sub": "minus", "mul": "times"}
 
@@ -128,14 +134,18 @@ def _recompute(item):
     for shot in shots:
         shot_prompt, shot_answer = shot.rsplit(" ", 1)
         assert shot_prompt != question, f"the question repeats a solved example: {item.prompt!r}"
-        assert shot_answer == str(_recompute(Item(item.task, item.subtask, shot_prompt, shot_answer)))
+        assert shot_answer == str(
+            _recompute(Item(item.task, item.subtask, shot_prompt, shot_answer))
+        )
     if item.subtask == "comp1":
         a, op1, b, op2, c = _COMPOSITE_PROMPT.fullmatch(question).groups()
         return _APPLY[op1](int(a), _APPLY[op2](int(b), int(c)))
     x, op, y = _ARITH_PROMPT.fullmatch(question).groups()
     n = int(item.subtask[-1])
     assert op == _SUBTASK_OP[item.subtask[:3]], item
-    assert len(x) == len(y) == n and x[0] != "0" and y[0] != "0", f"operands are not {n}-digit: {item.prompt!r}"
+    assert len(x) == len(y) == n and x[0] != "0" and y[0] != "0", (
+        f"operands are not {n}-digit: {item.prompt!r}"
+    )
     if op == "minus":
         assert int(x) >= int(y), f"negative subtraction: {item.prompt!r}"
     return _APPLY[op](int(x), int(y))
@@ -209,7 +219,11 @@ def test_fewshot_and_choice_scoring():
     cap = get_task("capitals")
     rome = Item("capitals", "lookup", "France: Paris\nJapan: Tokyo\nEgypt: Cairo\nItaly:", "Rome")
     assert cap.is_correct(rome, " Rome\nSpain: Madrid") and cap.is_correct(rome, " Rome")
-    assert not cap.is_correct(rome, " rome") and not cap.is_correct(rome, " Rome.") and not cap.is_correct(rome, " Roma")
+    assert (
+        not cap.is_correct(rome, " rome")
+        and not cap.is_correct(rome, " Rome.")
+        and not cap.is_correct(rome, " Roma")
+    )
     ioi = get_task("ioi")
     it = ioi.item_at("BABA", 0)
     assert ioi.is_correct(it, it.answer)
@@ -237,7 +251,9 @@ def test_items_well_formed(name):
         if name == "greater_than":
             continue  # answer is a criterion (">YY"), checked in its own test
         if task.scoring == "generate":
-            assert task.is_correct(item, " " + item.answer + "\n"), f"the reference answer must score: {item!r}"
+            assert task.is_correct(item, " " + item.answer + "\n"), (
+                f"the reference answer must score: {item!r}"
+            )
             assert not task.is_correct(item, " " + item.answer + "x")
 
 
@@ -255,7 +271,9 @@ def test_fewshot_answer_not_in_prompt(name):
 def test_fewshot_tables_are_unambiguous():
     for table in (CAPITALS, ANTONYMS):
         words = [w for pair in table for w in pair]
-        assert len(words) == len(set(words)), "a word in two entries would make some answer ambiguous"
+        assert len(words) == len(set(words)), (
+            "a word in two entries would make some answer ambiguous"
+        )
         assert all(w.isascii() and w == w.strip() for w in words)
 
 

@@ -18,8 +18,22 @@ import pytest
 
 from cel_numpy.gradcheck import check_op, directional_check, numerical_gradient, rel_error
 from cel_numpy.theory import analysis as an
-from cel_numpy.theory.data import C_TYPE, S_TYPE, TASK_A, TASK_B, WorldConfig, feature_values, sample_batch
-from cel_numpy.theory.model import init_params, loss_and_grads, loss_of, theory_backward, theory_forward
+from cel_numpy.theory.data import (
+    C_TYPE,
+    S_TYPE,
+    TASK_A,
+    TASK_B,
+    WorldConfig,
+    feature_values,
+    sample_batch,
+)
+from cel_numpy.theory.model import (
+    init_params,
+    loss_and_grads,
+    loss_of,
+    theory_backward,
+    theory_forward,
+)
 from cel_numpy.theory.run import load_params, run_theory
 from cel_numpy.theory.train import TrainConfig, train
 
@@ -92,7 +106,9 @@ def test_loss_gradient_every_element_and_direction(rng):
     assert set(grads) == set(params) and all(grads[k].shape == params[k].shape for k in params)
     for name in params:
         numeric = numerical_gradient(lambda: loss_of(params, batch), params[name])
-        assert rel_error(grads[name], numeric) < TOL, f"d loss / d {name} disagrees with central differences"
+        assert rel_error(grads[name], numeric) < TOL, (
+            f"d loss / d {name} disagrees with central differences"
+        )
     big = sample_batch(rng, WorldConfig(), 64)  # the default sizes, one random direction
     params8 = init_params(rng, 4, 8, 8, init_scale=0.5)
     _, grads8 = loss_and_grads(params8, big)
@@ -115,7 +131,9 @@ def test_head_mask_invariants(rng):
     batch = sample_batch(rng, WorldConfig(), 32)
     y_none, _ = theory_forward(params, batch)
     y_ones, _ = theory_forward(params, batch, np.ones(4))
-    assert np.array_equal(y_none, y_ones), "a head mask of ones must leave the output bitwise unchanged"
+    assert np.array_equal(y_none, y_ones), (
+        "a head mask of ones must leave the output bitwise unchanged"
+    )
     mask = np.array([1.0, 0.0, 1.0, 1.0])
     y_abl, cache = theory_forward(params, batch, mask)
     np.testing.assert_allclose(y_abl, y_none - cache.head_outputs[:, 1], atol=1e-14)
@@ -127,7 +145,9 @@ def test_head_mask_invariants(rng):
     for ab in an.joint_ablations(params, data, 3):
         mask = np.ones(4)
         mask[list(ab.heads)] = 0.0
-        assert (ab.loss_a, ab.loss_b) == an.task_losses(params, data, mask), f"ablation {ab.heads} differs"
+        assert (ab.loss_a, ab.loss_b) == an.task_losses(params, data, mask), (
+            f"ablation {ab.heads} differs"
+        )
 
 
 def test_batched_equals_one_by_one(rng):
@@ -135,7 +155,12 @@ def test_batched_equals_one_by_one(rng):
     batch = sample_batch(rng, WorldConfig(), 6)
     y_all, _ = theory_forward(params, batch)
     for i in range(6):
-        one = type(batch)(types=batch.types[i : i + 1], z=batch.z[i : i + 1], task=batch.task[i : i + 1], y=batch.y[i : i + 1])
+        one = type(batch)(
+            types=batch.types[i : i + 1],
+            z=batch.z[i : i + 1],
+            task=batch.task[i : i + 1],
+            y=batch.y[i : i + 1],
+        )
         np.testing.assert_allclose(theory_forward(params, one)[0], y_all[i : i + 1], atol=1e-14)
 
 
@@ -152,7 +177,7 @@ def test_closed_form_matches_monte_carlo(rng, p_a):
     y = u + np.where(is_a, r, -r)
     y_star = u + cf.delta * r  # the joint optimum
     sq = 0.5 * (y_star - y) ** 2
-    se = lambda x: x.std() / np.sqrt(x.size)  # noqa: E731
+    se = lambda x: x.std() / np.sqrt(x.size)
     assert abs(sq.mean() - cf.joint) < 5 * se(sq) + 1e-12
     assert abs(sq[is_a].mean() - cf.a) < 5 * se(sq[is_a]) + 1e-12
     assert abs(sq[~is_a].mean() - cf.b) < 5 * se(sq[~is_a]) + 1e-12
@@ -200,7 +225,12 @@ def test_concentration_and_best_ablation():
     assert an.concentration(np.array([0.1, -0.1, 0.1, -0.1])) == 0.25
     assert an.concentration(np.array([0.0, -0.4, 0.0])) == 1.0
     A = an.Ablation
-    abls = [A((0,), 1, 1, 0.1, 0.0), A((1,), 1, 1, -0.3, 0.2), A((0, 1), 1, 1, -0.3, 0.1), A((2,), 1, 1, 0.0, -0.2)]
+    abls = [
+        A((0,), 1, 1, 0.1, 0.0),
+        A((1,), 1, 1, -0.3, 0.2),
+        A((0, 1), 1, 1, -0.3, 0.1),
+        A((2,), 1, 1, 0.0, -0.2),
+    ]
     assert an.best_ablation(abls).heads == (1,)  # ties -> fewer heads
     assert len(an.head_subsets(8, 3)) == 8 + 28 + 56
 
@@ -213,7 +243,9 @@ def test_log_does_not_change_training_and_has_shapes(rng):
     r1 = train(base, np.random.default_rng(5))
     r2 = train(replace(base, log_every=40), np.random.default_rng(5))
     for k in ("K", "V"):
-        assert np.array_equal(r1.params[k], r2.params[k]), "logging must not consume the training random stream"
+        assert np.array_equal(r1.params[k], r2.params[k]), (
+            "logging must not consume the training random stream"
+        )
     arrays = r1.log.as_arrays()
     assert list(arrays["step"]) == [0, 10, 20, 30, 40]
     assert arrays["c_loading"].shape == (5, 4) and arrays["s_loading"].shape == (5, 4)
@@ -223,7 +255,9 @@ def test_log_does_not_change_training_and_has_shapes(rng):
 # --------------------------------------------------------------------------- acceptance (default config)
 
 
-DEFAULT = replace(TrainConfig(), log_every=TrainConfig().steps)  # the default config; a thinned log never alters training
+DEFAULT = replace(
+    TrainConfig(), log_every=TrainConfig().steps
+)  # the default config; a thinned log never alters training
 CONTROL = replace(DEFAULT, p_a=0.5)
 
 
@@ -237,8 +271,13 @@ def acceptance_runs():
     jobs = {("default", seed): (DEFAULT, seed) for seed in SEEDS}
     jobs[("control", 0)] = (CONTROL, 0)
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {key: pool.submit(run_theory, cfg, seed, None, eval_samples=EVAL_SAMPLES) for key, (cfg, seed) in jobs.items()}
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
+        futures = {
+            key: pool.submit(run_theory, cfg, seed, None, eval_samples=EVAL_SAMPLES)
+            for key, (cfg, seed) in jobs.items()
+        }
         return {key: f.result() for key, f in futures.items()}
 
 
@@ -271,8 +310,12 @@ def test_default_c_head_ablation(default_runs, seed):
     s = default_runs[seed]
     c_head = max(s["heads"], key=lambda h: abs(h["c_loading"]))
     assert c_head["head"] == s["c_head"]
-    assert c_head["ablate_delta_a"] <= -0.25, f"seed {seed}: ablating the c-head changed task A by {c_head['ablate_delta_a']:+.3f}"
-    assert c_head["ablate_delta_b"] >= 0.25, f"seed {seed}: ablating the c-head changed task B by {c_head['ablate_delta_b']:+.3f}"
+    assert c_head["ablate_delta_a"] <= -0.25, (
+        f"seed {seed}: ablating the c-head changed task A by {c_head['ablate_delta_a']:+.3f}"
+    )
+    assert c_head["ablate_delta_b"] >= 0.25, (
+        f"seed {seed}: ablating the c-head changed task B by {c_head['ablate_delta_b']:+.3f}"
+    )
 
 
 def test_control_no_conflict_nothing_to_gain(acceptance_runs):
@@ -298,16 +341,45 @@ def _run_cli(argv):
 
 def test_cli_writes_summary_params_and_figures(tmp_path, capsys):
     out = tmp_path / "run"
-    rc = _run_cli(["theory", "--steps", "150", "--heads", "3", "--seed", "1", "--eval-samples", "2000", "--out", str(out), "--quiet"])
+    rc = _run_cli(
+        [
+            "theory",
+            "--steps",
+            "150",
+            "--heads",
+            "3",
+            "--seed",
+            "1",
+            "--eval-samples",
+            "2000",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "closed form" in printed and "concentration" in printed
     s = json.loads((out / "summary.json").read_text())
-    for key in ("joint_loss", "task_losses", "closed_form", "concentration", "heads", "best_joint_ablation", "config"):
+    for key in (
+        "joint_loss",
+        "task_losses",
+        "closed_form",
+        "concentration",
+        "heads",
+        "best_joint_ablation",
+        "config",
+    ):
         assert key in s, f"summary.json lacks {key!r}"
     assert set(s["task_losses"]) == {"a", "b"} and {"joint", "a", "b"} <= set(s["closed_form"])
     assert [h["head"] for h in s["heads"]] == [0, 1, 2]
-    assert set(s["heads"][0]) >= {"head", "c_loading", "s_loading", "ablate_delta_a", "ablate_delta_b"}
+    assert set(s["heads"][0]) >= {
+        "head",
+        "c_loading",
+        "s_loading",
+        "ablate_delta_a",
+        "ablate_delta_b",
+    }
     assert set(s["best_joint_ablation"]) >= {"heads", "delta_a", "delta_b"}
     assert s["config"]["n_heads"] == 3 and s["config"]["steps"] == 150 and s["seed"] == 1
     for fig in ("task_losses.png", "loadings.png", "ablations.png"):
@@ -343,7 +415,12 @@ def test_cli_sweep_init(tmp_path):
     )  # fmt: skip
     assert rc == 0
     runs = json.loads((out / "sweep.json").read_text())["runs"]
-    assert [(r["init_scale"], r["seed"]) for r in runs] == [(1e-3, 0), (1e-3, 1), (1e-1, 0), (1e-1, 1)]
+    assert [(r["init_scale"], r["seed"]) for r in runs] == [
+        (1e-3, 0),
+        (1e-3, 1),
+        (1e-1, 0),
+        (1e-1, 1),
+    ]
     assert all(0.0 < r["concentration"] <= 1.0 for r in runs)
     assert (out / "concentration_vs_init.png").stat().st_size > 1000
 

@@ -15,7 +15,6 @@ import pytest
 
 from cel_numpy.models.fetch import KNOWN, fetch
 from cel_numpy.models.tokenizer import (
-    GPT2_PRE,
     BPETokenizer,
     TokenizerError,
     bytes_to_unicode,
@@ -23,7 +22,19 @@ from cel_numpy.models.tokenizer import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
-SMOLLM2_MISSING_BYTES = (0x04, 0x06, 0x13, 0x14, 0x16, 0x1D, 0xC0, 0xC1, 0xF1, 0xF2, *range(0xF5, 0x100))
+SMOLLM2_MISSING_BYTES = (
+    0x04,
+    0x06,
+    0x13,
+    0x14,
+    0x16,
+    0x1D,
+    0xC0,
+    0xC1,
+    0xF1,
+    0xF2,
+    *range(0xF5, 0x100),
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +73,9 @@ def _assert_parity(tokenizer, cases, label):
             )
             ours = [tokenizer.id_to_token(i) for i in ids[first : first + 4]]
             ref = [tokenizer.id_to_token(i) for i in case["ids"][first : first + 4]]
-            pytest.fail(f"{label}: {case['text']!r} differs at token {first}: ours {ours} vs reference {ref}")
+            pytest.fail(
+                f"{label}: {case['text']!r} differs at token {first}: ours {ours} vs reference {ref}"
+            )
 
 
 # ----------------------------------------------------------------------------- toy vocabulary
@@ -91,7 +104,9 @@ def test_bpe_merges_lowest_rank_first():
 def test_special_tokens_split_first_and_decode_verbatim():
     tok = _toy_tokenizer([("a", "b")], special_tokens={"<|x|>": 300, "<|xy|>": 301}, bos_id=300)
     assert tok.encode("ab<|xy|>ab<|x|>") == [tok.token_to_id("ab"), 301, tok.token_to_id("ab"), 300]
-    assert tok.encode("<|x") == [tok.token_to_id(c) for c in "<|x"], "a partial special token is plain text"
+    assert tok.encode("<|x") == [tok.token_to_id(c) for c in "<|x"], (
+        "a partial special token is plain text"
+    )
     assert tok.decode([300, 301]) == "<|x|><|xy|>"
     assert tok.decode(tok.encode("a<|x|>b"), skip_special=True) == "ab"
     assert tok.encode("ab", add_bos=True)[0] == 300
@@ -132,7 +147,9 @@ def test_gpt2_via_vocab_merges_and_tokenizer_json(gpt2_files, tmp_path):
     (tmp_path / "vocab.json").write_bytes(encoder.read_bytes())
     (tmp_path / "merges.txt").write_bytes(bpe.read_bytes())
     _assert_parity(
-        BPETokenizer.from_vocab_merges(tmp_path / "vocab.json", tmp_path / "merges.txt", special_tokens=()),
+        BPETokenizer.from_vocab_merges(
+            tmp_path / "vocab.json", tmp_path / "merges.txt", special_tokens=()
+        ),
         cases,
         "vocab.json",
     )
@@ -145,9 +162,16 @@ def test_gpt2_via_vocab_merges_and_tokenizer_json(gpt2_files, tmp_path):
             vocab,
             listed,
             [],
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            {
+                "type": "ByteLevel",
+                "add_prefix_space": False,
+                "trim_offsets": True,
+                "use_regex": True,
+            },
         )
-        _assert_parity(BPETokenizer.from_hf_tokenizer_json(path), cases, f"tokenizer.json ({merge_format})")
+        _assert_parity(
+            BPETokenizer.from_hf_tokenizer_json(path), cases, f"tokenizer.json ({merge_format})"
+        )
 
 
 # ----------------------------------------------------------------------------- SmolLM2
@@ -183,11 +207,15 @@ def test_smollm2_chat_special_tokens(smollm2):
 
 
 def test_smollm2_matches_hf_reference_fixture(smollm2):
-    fixture = json.loads((FIXTURES / "smollm2_tokenizer_reference.json").read_text(encoding="utf-8"))
+    fixture = json.loads(
+        (FIXTURES / "smollm2_tokenizer_reference.json").read_text(encoding="utf-8")
+    )
     assert fixture["gguf_sha256"] == KNOWN["smollm2"].members[0].sha256
     _assert_parity(smollm2, fixture["cases"], "SmolLM2")
     for case in fixture["cases"]:
-        assert smollm2.decode(case["ids"]) == case["decoded"], f"decode differs for {case['text']!r}"
+        assert smollm2.decode(case["ids"]) == case["decoded"], (
+            f"decode differs for {case['text']!r}"
+        )
 
 
 def test_smollm2_missing_bytes_are_dropped_like_hf(smollm2):
@@ -206,11 +234,20 @@ def test_smollm2_via_tokenizer_json(smollm2_reader, tmp_path):
         "type": "Sequence",
         "pretokenizers": [
             {"type": "Digits", "individual_digits": True},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+            {
+                "type": "ByteLevel",
+                "add_prefix_space": False,
+                "trim_offsets": True,
+                "use_regex": True,
+            },
         ],
     }
     path = _write_tokenizer_json(tmp_path, {t: i for i, t in enumerate(tokens)}, merges, added, pre)
-    config = {"bos_token": "<|im_start|>", "eos_token": {"content": "<|im_end|>"}, "pad_token": "<|im_end|>"}
+    config = {
+        "bos_token": "<|im_start|>",
+        "eos_token": {"content": "<|im_end|>"},
+        "pad_token": "<|im_end|>",
+    }
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     tok = BPETokenizer.from_hf_tokenizer_json(path)
     _assert_parity(tok, _cases("smollm2_tokenizer_reference.json"), "SmolLM2 tokenizer.json")
@@ -260,7 +297,9 @@ def _round_trip_alphabet(rng: np.random.Generator) -> list[str]:
         0x3000,
         0xFEFF,
     ]
-    code_points += rng.integers(0x4E00, 0x9FFF, 64).tolist() + rng.integers(0x1F300, 0x1FAFF, 64).tolist()
+    code_points += (
+        rng.integers(0x4E00, 0x9FFF, 64).tolist() + rng.integers(0x1F300, 0x1FAFF, 64).tolist()
+    )
     code_points += rng.integers(0x10000, 0x10FFFF, 64).tolist()
     return [chr(c) for c in code_points] + [
         "\r\n",
@@ -300,7 +339,9 @@ def test_unsupported_model_type_is_a_clear_error(tmp_path):
         json.dumps({"model": {"type": "WordPiece", "vocab": {"a": 0}}, "pre_tokenizer": None}),
         encoding="utf-8",
     )
-    with pytest.raises(TokenizerError, match=r"unsupported tokenizer model type 'WordPiece'") as info:
+    with pytest.raises(
+        TokenizerError, match=r"unsupported tokenizer model type 'WordPiece'"
+    ) as info:
         BPETokenizer.from_hf_tokenizer_json(path)
     assert "\n" not in str(info.value)
 
@@ -359,11 +400,19 @@ def test_gguf_unsupported_tokenizer_is_a_clear_error(tmp_path, model, pre, messa
 
 
 def _added_token(idx: int, content: str) -> dict:
-    flags = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+    flags = {
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": False,
+        "special": True,
+    }
     return {"id": idx, "content": content, **flags}
 
 
-def _write_tokenizer_json(folder: Path, vocab, merges, added, pre_tokenizer, post_processor=None) -> Path:
+def _write_tokenizer_json(
+    folder: Path, vocab, merges, added, pre_tokenizer, post_processor=None
+) -> Path:
     """A tokenizer.json in the layout HF `tokenizers` writes (BPE model, ByteLevel decoder)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = {
@@ -374,11 +423,23 @@ def _write_tokenizer_json(folder: Path, vocab, merges, added, pre_tokenizer, pos
         "normalizer": None,
         "pre_tokenizer": pre_tokenizer,
         "post_processor": post_processor,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": True,
+            "trim_offsets": True,
+            "use_regex": True,
+        },
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-            "vocab": vocab, "merges": merges,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": merges,
         },  # fmt: skip
     }
     path = folder / "tokenizer.json"

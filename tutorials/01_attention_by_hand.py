@@ -23,7 +23,9 @@ import numpy as np
 from cel_numpy import attention as at
 from cel_numpy.gradcheck import check_op, cmp, numerical_gradient
 
-FAST = os.environ.get("CEL_NUMPY_FAST") == "1"  # the test suite sets this; nothing here is slow anyway
+FAST = (
+    os.environ.get("CEL_NUMPY_FAST") == "1"
+)  # the test suite sets this; nothing here is slow anyway
 rng = np.random.default_rng(0)
 
 B, H, T, S, E = 2, 3, 4, 4, 5
@@ -67,7 +69,9 @@ assert np.all(probs[..., ~mask] == 0)
 dz = rng.standard_normal(z.shape)  # (B, H, T, E)
 dprobs = dz @ v.swapaxes(-1, -2)  # z = probs @ v:  (B,H,T,E) @ (B,H,E,S) -> (B,H,T,S)
 dv = probs.swapaxes(-1, -2) @ dz  # (B,H,S,T) @ (B,H,T,E) -> (B,H,S,E)
-dscores = probs * (dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True))  # softmax; 0 where masked
+dscores = probs * (
+    dprobs - np.sum(dprobs * probs, axis=-1, keepdims=True)
+)  # softmax; 0 where masked
 dscores = dscores * scale  # (B, H, T, S)
 dq = dscores @ k  # (B,H,T,S) @ (B,H,S,E) -> (B,H,T,E)
 dk = dscores.swapaxes(-1, -2) @ q  # (B,H,S,T) @ (B,H,T,E) -> (B,H,S,E)
@@ -83,6 +87,7 @@ for name, mine, lib in (("dq", dq, dq_lib), ("dk", dk, dk_lib), ("dv", dv, dv_li
 # For the scalar $L = \sum z \odot dz$ (so that $\partial L/\partial z = dz$), every element of
 # $q$, $k$, $v$ is nudged by $\pm\epsilon$ in float64:
 # $\partial L/\partial x_i \approx (L(x + \epsilon e_i) - L(x - \epsilon e_i)) / 2\epsilon$.
+
 
 # %%
 def L():
@@ -113,7 +118,9 @@ assert all(c.rel_error < 1e-6 for c in comparisons)
 # %%
 k_shared = rng.standard_normal((B, 1, S, E))
 z_shared, _ = at.softmax_attention_forward(q, k_shared, v, scale=scale, mask=mask)
-z_repeat, _ = at.softmax_attention_forward(q, np.repeat(k_shared, H, axis=1), v, scale=scale, mask=mask)
+z_repeat, _ = at.softmax_attention_forward(
+    q, np.repeat(k_shared, H, axis=1), v, scale=scale, mask=mask
+)
 assert np.allclose(z_shared, z_repeat, atol=1e-14)
 
 # %% [markdown]
@@ -128,7 +135,9 @@ assert np.allclose(z_shared, z_repeat, atol=1e-14)
 m = np.array([1.0, 0.0, 1.0])  # remove head 1
 z_masked, hm_cache = at.head_mask_forward(z, m)
 assert np.all(z_masked[:, 1] == 0) and np.array_equal(z_masked[:, 0], z[:, 0])
-assert np.array_equal(at.head_mask_forward(z, np.ones(H))[0], z), "a mask of ones changes nothing, bitwise"
+assert np.array_equal(at.head_mask_forward(z, np.ones(H))[0], z), (
+    "a mask of ones changes nothing, bitwise"
+)
 
 fill = z.mean(axis=(0, 2))  # (H, E) mean output of each head
 z_mean_abl, _ = at.head_mask_forward(z, m, fill)

@@ -46,7 +46,9 @@ EVAL = 5_000 if FAST else 50_000  # fresh held-out samples per task
 rng = np.random.default_rng(0)
 
 cf = closed_form(0.3)
-print(f"closed form: joint {cf.joint:.3f}  task A {cf.a:.3f}  task B {cf.b:.3f}  delta {cf.delta:+.2f}")
+print(
+    f"closed form: joint {cf.joint:.3f}  task A {cf.a:.3f}  task B {cf.b:.3f}  delta {cf.delta:+.2f}"
+)
 
 # %% [markdown]
 # ## Train from a small initialisation and watch the c-feature move
@@ -76,7 +78,9 @@ c_load, s_load = loadings(result.params, data.a)
 C = concentration(c_load)
 loss_a, loss_b = task_losses(result.params, data)
 joint = 0.3 * loss_a + 0.7 * loss_b
-print(f"trained: joint {joint:.4f} (closed form {cf.joint})  A {loss_a:.3f} ({cf.a:.2f})  B {loss_b:.3f} ({cf.b:.2f})")
+print(
+    f"trained: joint {joint:.4f} (closed form {cf.joint})  A {loss_a:.3f} ({cf.a:.2f})  B {loss_b:.3f} ({cf.b:.2f})"
+)
 print(f"c-loadings {c_load}, sum {c_load.sum():+.3f} (optimum delta = {cf.delta:+.2f})")
 print(f"s-loadings {s_load}, sum {s_load.sum():+.3f} (optimum 1)")
 print(f"concentration {C:.3f}")
@@ -94,7 +98,9 @@ for ab in single_ablations(result.params, data):
     tag = "  <- c-head" if ab.heads == (c_head,) else ""
     print(f"ablate head {ab.heads[0]}:  task A {ab.delta_a:+.3f}  task B {ab.delta_b:+.3f}{tag}")
 best = min(joint_ablations(result.params, data, 3), key=lambda a: (a.delta_a, len(a.heads)))
-print(f"best for task A among all sets of <= 3 heads: {best.heads}  A {best.delta_a:+.3f}  B {best.delta_b:+.3f}")
+print(
+    f"best for task A among all sets of <= 3 heads: {best.heads}  A {best.delta_a:+.3f}  B {best.delta_b:+.3f}"
+)
 
 # %% [markdown]
 # ## Controls
@@ -107,6 +113,7 @@ print(f"best for task A among all sets of <= 3 heads: {best.heads}  A {best.delt
 #   ablating it helps task A much less. A single seed here may well still concentrate.
 # * $H=8$: more heads to share $c$; when it splits over two heads, only a *joint* ablation
 #   recovers the full gain. That is why the real-model search has a second, joint stage.
+
 
 # %%
 def control(**changes):
@@ -135,8 +142,12 @@ c_h8, abls_h8 = control(n_heads=8)
 assert abs(joint / cf.joint - 1) < 0.05, "training should reach the joint optimum"
 assert C > 0.6, "with a small init the c-feature should live mostly in one head"
 c_abl = single_ablations(result.params, data)[c_head]
-assert c_abl.delta_a < -0.2 and c_abl.delta_b > 0.2, "ablating the c-head helps task A and hurts task B"
-assert min(min(a.delta_a, a.delta_b) for a in abls_half) > -0.03, "p_A = 1/2: no ablation should help"
+assert c_abl.delta_a < -0.2 and c_abl.delta_b > 0.2, (
+    "ablating the c-head helps task A and hurts task B"
+)
+assert min(min(a.delta_a, a.delta_b) for a in abls_half) > -0.03, (
+    "p_A = 1/2: no ablation should help"
+)
 assert np.abs(c_half).max() < 0.05, "p_A = 1/2: the optimum has no c-feature at all"
 assert min(a.delta_a for a in abls_h8) < -0.2, "H = 8: some head set still carries the conflict"
 print("tutorial 02: all checks passed")

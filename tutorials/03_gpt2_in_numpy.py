@@ -26,7 +26,9 @@ import numpy as np
 import cel_numpy as cn
 from cel_numpy.ops import GELU_C, log_softmax
 
-FAST = os.environ.get("CEL_NUMPY_FAST") == "1"  # the test suite sets this; the tiny model is fast anyway
+FAST = (
+    os.environ.get("CEL_NUMPY_FAST") == "1"
+)  # the test suite sets this; the tiny model is fast anyway
 ROOT = Path(__file__).resolve().parents[1] if "__file__" in globals() else Path.cwd().parent
 source = os.environ.get("CEL_NUMPY_GPT2") or ROOT / "tests" / "fixtures" / "tiny_gpt2"
 
@@ -45,7 +47,10 @@ assert cfg.family == "gpt2"
 
 # %%
 if model.tokenizer is not None:
-    prompts = [model.encode("When Mary and John went to the store, John gave a drink to"), model.encode("The cat")]
+    prompts = [
+        model.encode("When Mary and John went to the store, John gave a drink to"),
+        model.encode("The cat"),
+    ]
 else:
     prompts = [[10, 52, 33, 7, 81, 3, 19, 44], [5, 60, 12]]
 ids, mask = model.pad(prompts)
@@ -76,12 +81,20 @@ blk = p["blocks"][0]
 ln1 = layer_norm(x, blk["ln1"]["w"], blk["ln1"]["b"])  # (B, T, D)
 assert np.allclose(ln1, cache["blocks.0.ln1.out"], atol=1e-12)
 
-q = np.einsum("btd,hde->bhte", ln1, blk["attn"]["W_Q"]) + blk["attn"]["b_Q"][:, None]  # (B, H, T, E)
-k = np.einsum("btd,hde->bhte", ln1, blk["attn"]["W_K"]) + blk["attn"]["b_K"][:, None]  # (B, H, S, E)
-v = np.einsum("btd,hde->bhte", ln1, blk["attn"]["W_V"]) + blk["attn"]["b_V"][:, None]  # (B, H, S, E)
+q = (
+    np.einsum("btd,hde->bhte", ln1, blk["attn"]["W_Q"]) + blk["attn"]["b_Q"][:, None]
+)  # (B, H, T, E)
+k = (
+    np.einsum("btd,hde->bhte", ln1, blk["attn"]["W_K"]) + blk["attn"]["b_K"][:, None]
+)  # (B, H, S, E)
+v = (
+    np.einsum("btd,hde->bhte", ln1, blk["attn"]["W_V"]) + blk["attn"]["b_V"][:, None]
+)  # (B, H, S, E)
 scores = np.einsum("bhte,bhse->bhts", q, k) / np.sqrt(E)  # (B, H, T, S)
 T = ids.shape[1]
-allowed = np.tril(np.ones((T, T), bool))[None, None] & mask.astype(bool)[:, None, None, :]  # no future, no pads
+allowed = (
+    np.tril(np.ones((T, T), bool))[None, None] & mask.astype(bool)[:, None, None, :]
+)  # no future, no pads
 allowed |= np.eye(T, dtype=bool)  # a padding query keeps itself (its output is ignored)
 scores = np.where(allowed, scores, -np.inf)
 pattern = np.exp(scores - scores.max(-1, keepdims=True))
@@ -100,7 +113,9 @@ pre = ln2 @ blk["mlp"]["W_in"] + blk["mlp"]["b_in"]  # (B, T, F)
 post = 0.5 * pre * (1 + np.tanh(GELU_C * (pre + 0.044715 * pre * pre * pre)))  # GELU, tanh form
 resid_post = resid_mid + post @ blk["mlp"]["W_out"] + blk["mlp"]["b_out"]
 assert np.allclose(resid_post, cache["blocks.0.resid_post"], atol=1e-12)
-print("block 0 recomputed by hand: embed, ln1, pattern, z, attn.out, resid_mid, mlp, resid_post all match")
+print(
+    "block 0 recomputed by hand: embed, ln1, pattern, z, attn.out, resid_mid, mlp, resid_post all match"
+)
 
 # %% [markdown]
 # The remaining blocks repeat this. The last residual stream goes through the final LayerNorm
@@ -108,7 +123,9 @@ print("block 0 recomputed by hand: embed, ln1, pattern, z, attn.out, resid_mid, 
 
 # %%
 last = cache[f"blocks.{L - 1}.resid_post"]
-by_hand = layer_norm(last, p["ln_final"]["w"], p["ln_final"]["b"]) @ p["embed"]["W_E"].T  # (B, T, V)
+by_hand = (
+    layer_norm(last, p["ln_final"]["w"], p["ln_final"]["b"]) @ p["embed"]["W_E"].T
+)  # (B, T, V)
 assert np.allclose(by_hand, logits, atol=1e-10)
 assert np.shares_memory(p["unembed"]["W_U"], p["embed"]["W_E"])
 
@@ -166,8 +183,12 @@ print(f"KL zero: {kl[best]:.4f}   KL mean: {kl_mean:.4f}")
 # %%
 _, ablated_cache = model.run_with_cache(ids, mask, ablate=[best])
 layer = best[0]
-assert np.array_equal(ablated_cache[f"blocks.{layer}.resid_pre"], cache[f"blocks.{layer}.resid_pre"])
-assert not np.allclose(ablated_cache[f"blocks.{layer}.resid_post"], cache[f"blocks.{layer}.resid_post"])
+assert np.array_equal(
+    ablated_cache[f"blocks.{layer}.resid_pre"], cache[f"blocks.{layer}.resid_pre"]
+)
+assert not np.allclose(
+    ablated_cache[f"blocks.{layer}.resid_post"], cache[f"blocks.{layer}.resid_post"]
+)
 
 # %% [markdown]
 # ## Checks
@@ -175,5 +196,7 @@ assert not np.allclose(ablated_cache[f"blocks.{layer}.resid_post"], cache[f"bloc
 # %%
 assert np.allclose(np.exp(intact).sum(-1), 1.0)
 assert kl[best] > 0
-assert np.array_equal(model.logits(ids, mask, ablate=[]), logits)  # nothing ablated = intact, bitwise
+assert np.array_equal(
+    model.logits(ids, mask, ablate=[]), logits
+)  # nothing ablated = intact, bitwise
 print("all checks passed")

@@ -67,7 +67,16 @@ assert logp.argmax() == paris
 
 # %%
 attn0 = p["blocks"][0]["attn"]
-print("W_Q", attn0["W_Q"].shape, " W_K", attn0["W_K"].shape, " W_V", attn0["W_V"].shape, " W_O", attn0["W_O"].shape)
+print(
+    "W_Q",
+    attn0["W_Q"].shape,
+    " W_K",
+    attn0["W_K"].shape,
+    " W_V",
+    attn0["W_V"].shape,
+    " W_O",
+    attn0["W_O"].shape,
+)
 q = cache["blocks.0.attn.q"]  # (B, H, T, E), after rotary
 k = cache["blocks.0.attn.k"]  # (B, G, S, E), after rotary
 print("q", q.shape, " k", k.shape)
@@ -87,7 +96,9 @@ print("each query head's pattern recomputed from its kv group's keys")
 # %%
 _, abl = model.run_with_cache([ids], ablate=[(0, 4)])
 assert np.all(abl["blocks.0.attn.z_ablated"][0, 4] == 0)
-assert np.array_equal(abl["blocks.0.attn.z_ablated"][0, 3], cache["blocks.0.attn.z"][0, 3])  # same group 1
+assert np.array_equal(
+    abl["blocks.0.attn.z_ablated"][0, 3], cache["blocks.0.attn.z"][0, 3]
+)  # same group 1
 assert np.array_equal(abl["blocks.0.attn.k"], cache["blocks.0.attn.k"])
 
 # %% [markdown]
@@ -136,7 +147,9 @@ assert np.allclose(mlp_out, cache["blocks.0.mlp.out"], atol=1e-3)
 # continuation that needs positions (counting).
 
 # %%
-perm = permute_rotary_rows(np.arange(E)[:, None], 1)[:, 0]  # within a head: file row i = our row perm[i]
+perm = permute_rotary_rows(np.arange(E)[:, None], 1)[
+    :, 0
+]  # within a head: file row i = our row perm[i]
 print("first rows of a head as stored in the GGUF:", perm[:8], "...")
 raw = {**p, "blocks": [{**b, "attn": {**b["attn"], "W_Q": b["attn"]["W_Q"][..., perm],
                                       "W_K": b["attn"]["W_K"][..., perm]}} for b in p["blocks"]]}  # fmt: skip
@@ -178,7 +191,13 @@ def paris_logprob(ablate):
     layer = min(l for l, _ in ablate)
     head_mask = model.head_mask(ablate)
     x, _, _ = blocks_forward(
-        p, cfg, cache[f"blocks.{layer}.resid_pre"], inputs, range(layer, L), head_mask=head_mask, keep_activations=False
+        p,
+        cfg,
+        cache[f"blocks.{layer}.resid_pre"],
+        inputs,
+        range(layer, L),
+        head_mask=head_mask,
+        keep_activations=False,
     )
     last, _ = unembed(p, cfg, x[:, -1:])  # (1, 1, V)
     return float(log_softmax(last[0, -1].astype(np.float64))[paris])
@@ -188,7 +207,11 @@ layers = [0] if FAST else range(L)
 t0 = time.perf_counter()
 effect = {(l, h): paris_logprob([(l, h)]) - logp[paris] for l in layers for h in range(H)}
 print(f"screened {len(effect)} heads in {time.perf_counter() - t0:.1f} s")
-assert np.isclose(paris_logprob([(0, 4)]), log_softmax(model.next_token_logits([ids], ablate=[(0, 4)])[0].astype(np.float64))[paris], atol=1e-4)
+assert np.isclose(
+    paris_logprob([(0, 4)]),
+    log_softmax(model.next_token_logits([ids], ablate=[(0, 4)])[0].astype(np.float64))[paris],
+    atol=1e-4,
+)
 
 ranked = sorted(effect, key=effect.get)
 for head in ranked[:3]:
@@ -198,8 +221,13 @@ for head in ranked[-2:]:
     print(f"  ablating {head} changes log P(' Paris') by {effect[head]:+.3f}")
 
 worst = ranked[0]
-show_top(log_softmax(model.next_token_logits([ids], ablate=[worst])[0].astype(np.float64)), f"zero-ablate {worst}")
-mean_z = model.mean_z([model.encode(t) for t in ["The capital of Spain is Madrid.", "Berlin is in Germany.", prompt]])
+show_top(
+    log_softmax(model.next_token_logits([ids], ablate=[worst])[0].astype(np.float64)),
+    f"zero-ablate {worst}",
+)
+mean_z = model.mean_z(
+    [model.encode(t) for t in ["The capital of Spain is Madrid.", "Berlin is in Germany.", prompt]]
+)
 show_top(log_softmax(model.next_token_logits([ids], ablate=[worst], ablation="mean", mean_z=mean_z)[0].astype(np.float64)),
          f"mean-ablate {worst}")  # fmt: skip
 

@@ -77,7 +77,9 @@ scored = []
 for cond, res in zip(singles, results):
     s = paired_summary([r.correct for r in intact], [r.correct for r in res])
     scored.append(Scored(cond, s.correct, s.rescued, s.damaged))
-    print(f"{condition_name(cond)}: correct {s.correct:3d}  rescued {s.rescued:3d}  damaged {s.damaged:3d}  gain {s.gain:+4d}")
+    print(
+        f"{condition_name(cond)}: correct {s.correct:3d}  rescued {s.rescued:3d}  damaged {s.damaged:3d}  gain {s.gain:+4d}"
+    )
 ranked = rank_singletons(scored)
 nominees = [s.heads[0] for s in ranked[:10]]  # only 4 heads here, so all are nominees
 print("screen ranking:", [condition_name(s.heads) for s in ranked])
@@ -109,8 +111,10 @@ assert (0, c_head) in finalists[0].heads
 top = finalists[0].heads
 ho_intact, ho_top = ev.evaluate_many(heldout, [(), top])
 ho = paired_summary([r.correct for r in ho_intact], [r.correct for r in ho_top])
-print(f"held-out: rescued {ho.rescued}, damaged {ho.damaged}, gain rate {ho.gain_rate:+.3f} "
-      f"[{ho.ci_low:+.3f}, {ho.ci_high:+.3f}], p = {ho.p_value:.2g}")
+print(
+    f"held-out: rescued {ho.rescued}, damaged {ho.damaged}, gain rate {ho.gain_rate:+.3f} "
+    f"[{ho.ci_low:+.3f}, {ho.ci_high:+.3f}], p = {ho.p_value:.2g}"
+)
 
 # %% [markdown]
 # ## The same through the CLI
@@ -122,14 +126,27 @@ print(f"held-out: rescued {ho.rescued}, damaged {ho.damaged}, gain rate {ho.gain
 #     cel-numpy localize --model theory:params.npz --task A --discovery 200 --heldout 200 --out runs/tutorial05
 
 # %%
-from cel_numpy.cli import main
+from cel_numpy.cli import main  # noqa: E402 - a new cell of the tutorial
 
 out = Path("runs/tutorial05")
 shutil.rmtree(out, ignore_errors=True)  # a fresh run each time this tutorial runs
 out.mkdir(parents=True)
 np.savez(out.parent / "tutorial05_params.npz", K=params["K"], V=params["V"])
-status = main(["localize", "--model", f"theory:{out.parent / 'tutorial05_params.npz'}", "--task", "A",
-               "--discovery", str(N_DISCOVERY), "--heldout", str(N_HELDOUT), "--out", str(out)])
+status = main(
+    [
+        "localize",
+        "--model",
+        f"theory:{out.parent / 'tutorial05_params.npz'}",
+        "--task",
+        "A",
+        "--discovery",
+        str(N_DISCOVERY),
+        "--heldout",
+        str(N_HELDOUT),
+        "--out",
+        str(out),
+    ]
+)
 assert status == 0
 
 # %% [markdown]
@@ -142,8 +159,17 @@ assert status == 0
 report = json.loads((out / "report.json").read_text())
 primary = report["primary"]
 print("rank-1 set:", primary["name"])
-print("held-out:", {k: primary["heldout"][k] for k in ("rescued", "damaged", "gain_rate", "ci_low", "ci_high", "p_value")})
-print("task B:  ", {k: primary["crosstask"]["theory-B"][k] for k in ("gain_rate", "ci_low", "ci_high", "p_value")})
+print(
+    "held-out:",
+    {
+        k: primary["heldout"][k]
+        for k in ("rescued", "damaged", "gain_rate", "ci_low", "ci_high", "p_value")
+    },
+)
+print(
+    "task B:  ",
+    {k: primary["crosstask"]["theory-B"][k] for k in ("gain_rate", "ci_low", "ci_high", "p_value")},
+)
 print((out / "report.md").read_text()[:1200])
 
 # %%

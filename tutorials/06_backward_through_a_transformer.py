@@ -25,9 +25,18 @@ from cel_numpy import attention as at
 from cel_numpy.gradcheck import cmp, directional_check, numerical_gradient
 from cel_numpy.models.backward import block_backward, cross_entropy_loss
 from cel_numpy.models.transformer import block_forward, flatten_params, transformer_forward
-from cel_numpy.ops import LinearCache, linear_backward, rms_norm_backward, rms_norm_forward, silu_backward, silu_forward
+from cel_numpy.ops import (
+    LinearCache,
+    linear_backward,
+    rms_norm_backward,
+    rms_norm_forward,
+    silu_backward,
+    silu_forward,
+)
 
-FAST = os.environ.get("CEL_NUMPY_FAST") == "1"  # the test suite sets this: sampled elementwise checks
+FAST = (
+    os.environ.get("CEL_NUMPY_FAST") == "1"
+)  # the test suite sets this: sampled elementwise checks
 ROOT = Path(__file__).resolve().parents[1] if "__file__" in globals() else Path.cwd().parent
 FIXTURES = ROOT / "tests" / "fixtures"
 rng = np.random.default_rng(0)
@@ -48,7 +57,9 @@ def batch(lengths):
 
 ids, mask, targets = batch([8, 5])
 B, T = ids.shape
-_, cache = transformer_forward(model.params, cfg, ids, mask)  # logits, ForwardCache; keep_activations=True by default
+_, cache = transformer_forward(
+    model.params, cfg, ids, mask
+)  # logits, ForwardCache; keep_activations=True by default
 
 # %% [markdown]
 # ## One block, backwards, one operation per line
@@ -68,13 +79,19 @@ l = L - 1
 p, c = model.params["blocks"][l], cache.blocks[l]
 dout = rng.standard_normal(c.resid_post.shape)  # (B, T, D)
 dresid_mid = dout.copy()  # out = mid + mlp_out
-dpost, g_out = linear_backward(dout, LinearCache(x=c.mlp.post, W=p["mlp"]["W_out"], has_bias=False))  # (B, T, F)
+dpost, g_out = linear_backward(
+    dout, LinearCache(x=c.mlp.post, W=p["mlp"]["W_out"], has_bias=False)
+)  # (B, T, F)
 gate, silu_cache = silu_forward(c.mlp.pre)  # (B, T, F), recomputed from the cached pre-activation
 dgate = dpost * c.mlp.up  # post = gate * up
 dup = dpost * gate
 dpre = silu_backward(dgate, silu_cache)  # silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
-dln2_out, g_gate = linear_backward(dpre, LinearCache(x=c.ln2_out, W=p["mlp"]["W_gate"], has_bias=False))  # (B, T, D)
-dln2_out_up, g_in = linear_backward(dup, LinearCache(x=c.ln2_out, W=p["mlp"]["W_in"], has_bias=False))
+dln2_out, g_gate = linear_backward(
+    dpre, LinearCache(x=c.ln2_out, W=p["mlp"]["W_gate"], has_bias=False)
+)  # (B, T, D)
+dln2_out_up, g_in = linear_backward(
+    dup, LinearCache(x=c.ln2_out, W=p["mlp"]["W_in"], has_bias=False)
+)
 dln2_out += dln2_out_up  # ln2_out fans out to the gate and the up projection
 
 # %% [markdown]
@@ -103,7 +120,9 @@ W_O = p["attn"]["W_O"]  # (H, E, D)
 dattn_out = dresid_mid.reshape(B * T, D)  # attn_out = z_flat @ W_O as (H*E, D): one matrix multiply
 z_flat = a.z_masked.transpose(0, 2, 1, 3).reshape(B * T, H * E)  # (B*T, H*E): heads side by side
 dW_O = (z_flat.T @ dattn_out).reshape(H, E, D)  # = einsum("bhte,btd->hed", z_masked, dresid_mid)
-dz_masked = (dattn_out @ W_O.reshape(H * E, D).T).reshape(B, T, H, E).transpose(0, 2, 1, 3)  # (B, H, T, E)
+dz_masked = (
+    (dattn_out @ W_O.reshape(H * E, D).T).reshape(B, T, H, E).transpose(0, 2, 1, 3)
+)  # (B, H, T, E)
 ones = at.HeadMaskCache(z=a.z, head_mask=np.ones(H), fill=None)  # the forward's implicit m = 1
 dz, dhead_mask = at.head_mask_backward(dz_masked, ones)  # (B, H, T, E), (H,)
 dq, dk, dv = at.softmax_attention_backward(dz, a.core)  # (B, H, T, E), (B, G, T, E), (B, G, T, E)
@@ -111,7 +130,9 @@ dq, dk = at.rotary_backward(dq, a.rotary), at.rotary_backward(dk, a.rotary)
 dln1_out = np.zeros_like(a.x)  # (B, T, D)
 g_attn = {"W_O": dW_O}
 for name, dy in (("Q", dq), ("K", dk), ("V", dv)):
-    dln1_out_part, g_attn[f"W_{name}"], _ = at.project_heads_backward(dy, a.x, p["attn"][f"W_{name}"], False)
+    dln1_out_part, g_attn[f"W_{name}"], _ = at.project_heads_backward(
+        dy, a.x, p["attn"][f"W_{name}"], False
+    )
     dln1_out += dln1_out_part  # ln1_out fans out to q, k and v
 _, rms1 = rms_norm_forward(c.resid_pre, p["ln1"]["w"], cfg.norm_eps)
 dresid_pre_via_ln1, g_ln1 = rms_norm_backward(dln1_out, rms1)
@@ -130,10 +151,14 @@ dx_lib, grads_lib, dhead_mask_lib = block_backward(dout, p, c, cfg, None)
 g_mlp = {"W_in": g_in["W"], "W_gate": g_gate["W"], "W_out": g_out["W"]}
 mine = {"ln1": g_ln1, "attn": g_attn, "ln2": g_ln2, "mlp": g_mlp}
 mine, lib = flatten_params(mine), flatten_params(grads_lib)
-assert mine.keys() == lib.keys() == flatten_params(p).keys(), "grads must have exactly the keys of params"
+assert mine.keys() == lib.keys() == flatten_params(p).keys(), (
+    "grads must have exactly the keys of params"
+)
 for key in lib:
     print(cmp(key, mine[key], lib[key]))
-print(cmp("dresid_pre", dresid_pre, dx_lib), cmp("dhead_mask", dhead_mask, dhead_mask_lib), sep="\n")
+print(
+    cmp("dresid_pre", dresid_pre, dx_lib), cmp("dhead_mask", dhead_mask, dhead_mask_lib), sep="\n"
+)
 assert all(np.array_equal(mine[k], lib[k]) for k in lib), "composed by hand != block_backward"
 assert np.array_equal(dresid_pre, dx_lib) and np.array_equal(dhead_mask, dhead_mask_lib)
 
@@ -188,12 +213,21 @@ for name in ("tiny_llama", "tiny_gpt2"):
     hm = np.ones((m64.config.n_layers, m64.config.n_heads))
 
     def loss_fn() -> float:
-        logits, _ = transformer_forward(m64.params, m64.config, ids, mask, head_mask=hm, keep_activations=False)
+        logits, _ = transformer_forward(
+            m64.params,
+            m64.config,
+            ids,
+            mask,
+            head_mask=hm,
+            keep_activations=False,  # noqa: B023 - called within this iteration
+        )
         return cross_entropy_loss(logits, targets)[0]
 
     analytic = {**{k: gflat[k] for k in flat}, "head_mask": grads["head_mask"]}
     err = directional_check(loss_fn, {**flat, "head_mask": hm}, analytic, rng)
-    print(f"{name:10s} loss {loss:.4f}  {len(flat)} tensors + head mask, random direction: rel. error {err:.1e}")
+    print(
+        f"{name:10s} loss {loss:.4f}  {len(flat)} tensors + head mask, random direction: rel. error {err:.1e}"
+    )
     assert err < 1e-6
 
 # %% [markdown]
@@ -214,18 +248,26 @@ for name in ("tiny_llama", "tiny_gpt2"):
 ids16, mask16, targets16 = batch(rng.integers(5, 12, 16))
 m = np.ones((L, H))  # every head kept
 loss, grads = model.loss_and_grads(ids16, targets16, mask16, head_mask=m)
-estimate = -m * grads["head_mask"]  # (L, H): first-order change of the loss when each head is removed
+estimate = (
+    -m * grads["head_mask"]
+)  # (L, H): first-order change of the loss when each head is removed
 exact = np.zeros((L, H))
 for layer in range(L):
     for h in range(H):
-        ablated = model.logits(ids16, mask16, ablate=[(layer, h)])  # (B, T, V), one forward per head
+        ablated = model.logits(
+            ids16, mask16, ablate=[(layer, h)]
+        )  # (B, T, V), one forward per head
         exact[layer, h] = cross_entropy_loss(ablated, targets16)[0] - loss
-verdict = np.where(np.stack([estimate, exact]) > 0, "hurts", "helps")  # (2, L, H): what removal does
+verdict = np.where(
+    np.stack([estimate, exact]) > 0, "hurts", "helps"
+)  # (2, L, H): what removal does
 print(" head   estimated dloss   exact dloss   removal (estimate / exact)")
 for layer in range(L):
     for h in range(H):
         est, ex = estimate[layer, h], exact[layer, h]
-        print(f"L{layer}H{h}  {est:+15.5f}  {ex:+12.5f}     {verdict[0, layer, h]} / {verdict[1, layer, h]}")
+        print(
+            f"L{layer}H{h}  {est:+15.5f}  {ex:+12.5f}     {verdict[0, layer, h]} / {verdict[1, layer, h]}"
+        )
 rho = spearmanr(estimate.ravel(), exact.ravel()).statistic
 signs = int(np.sum(np.sign(estimate) == np.sign(exact)))
 print(f"Spearman rank correlation {rho:.3f}; same sign for {signs} of {L * H} heads")
@@ -248,7 +290,11 @@ assert rho > 0
 
 # %%
 Bt, Tt, Dt = 2, 5, 12
-toy = {"W_Q": rng.normal(size=(H, Dt, E)), "W_K": rng.normal(size=(G, Dt, E)), "W_V": rng.normal(size=(G, Dt, E))}
+toy = {
+    "W_Q": rng.normal(size=(H, Dt, E)),
+    "W_K": rng.normal(size=(G, Dt, E)),
+    "W_V": rng.normal(size=(G, Dt, E)),
+}
 toy |= {"W_O": rng.normal(size=(H, E, Dt)), "b_O": rng.normal(size=Dt)}  # one attention block, GQA
 x_toy, r = rng.normal(size=(Bt, Tt, Dt)), rng.normal(size=(Bt, Tt, Dt))  # input, readout dM/dout
 m_toy, fill = rng.uniform(0.5, 1.0, H), rng.normal(size=(H, E))
@@ -259,10 +305,19 @@ def M_toy(m) -> float:
     return float(np.sum(r * out))
 
 
-_, toy_cache = at.attention_forward(toy, x_toy, mask=at.causal_mask(Tt), head_mask=m_toy, head_fill=fill)
+_, toy_cache = at.attention_forward(
+    toy, x_toy, mask=at.causal_mask(Tt), head_mask=m_toy, head_fill=fill
+)
 _, _, dM_dm = at.attention_backward(r, toy, toy_cache)
 toy_estimate = -m_toy * dM_dm  # (H,)
-toy_exact = np.array([M_toy(np.where(np.arange(H) == h, 0.0, m_toy)) - M_toy(m_toy) for h in range(H)])
-print("linear toy: estimate", np.round(toy_estimate, 6), "\n            exact   ", np.round(toy_exact, 6))
+toy_exact = np.array(
+    [M_toy(np.where(np.arange(H) == h, 0.0, m_toy)) - M_toy(m_toy) for h in range(H)]
+)
+print(
+    "linear toy: estimate",
+    np.round(toy_estimate, 6),
+    "\n            exact   ",
+    np.round(toy_exact, 6),
+)
 assert np.allclose(toy_estimate, toy_exact, rtol=1e-10, atol=1e-12)
 print("tutorial 06: all checks passed")

@@ -18,13 +18,44 @@ from cel_numpy.localize.evaluate import (
     evaluate_naive,
     normalize_condition,
 )
-from cel_numpy.localize.ranking import Scored, joint_enumeration, joint_key, rank_joint, rank_singletons, singleton_key
+from cel_numpy.localize.ranking import (
+    Scored,
+    joint_enumeration,
+    joint_key,
+    rank_joint,
+    rank_singletons,
+    singleton_key,
+)
 from cel_numpy.localize.routine import STAGES, Localizer, build_panels, localize
-from cel_numpy.localize.stats import mcnemar_exact, newcombe_paired_interval, paired_summary, wilson_interval
+from cel_numpy.localize.stats import (
+    mcnemar_exact,
+    newcombe_paired_interval,
+    paired_summary,
+    wilson_interval,
+)
 
 __all__ = [
-    "INTACT", "Evaluator", "ExampleResult", "LMEvaluator", "TheoryEvaluator", "TheoryTask", "condition_name",
-    "evaluate_naive", "normalize_condition", "Scored", "joint_enumeration", "joint_key", "rank_joint",
-    "rank_singletons", "singleton_key", "STAGES", "Localizer", "build_panels", "localize", "mcnemar_exact",
-    "newcombe_paired_interval", "paired_summary", "wilson_interval",
+    "INTACT",
+    "Evaluator",
+    "ExampleResult",
+    "LMEvaluator",
+    "TheoryEvaluator",
+    "TheoryTask",
+    "condition_name",
+    "evaluate_naive",
+    "normalize_condition",
+    "Scored",
+    "joint_enumeration",
+    "joint_key",
+    "rank_joint",
+    "rank_singletons",
+    "singleton_key",
+    "STAGES",
+    "Localizer",
+    "build_panels",
+    "localize",
+    "mcnemar_exact",
+    "newcombe_paired_interval",
+    "paired_summary",
+    "wilson_interval",
 ]

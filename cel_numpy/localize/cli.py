@@ -10,7 +10,9 @@ from pathlib import Path
 
 from cel_numpy.errors import OptionError, PromptError
 
-MAX_SAMPLED_PANEL = 100_000  # items per panel of a sampled (theory) task: beyond this, memory, not insight
+MAX_SAMPLED_PANEL = (
+    100_000  # items per panel of a sampled (theory) task: beyond this, memory, not insight
+)
 THEORY_TASKS = {"A": "A", "B": "B", "THEORY-A": "A", "THEORY-B": "B"}
 
 DESCRIPTION = """\
@@ -35,37 +37,96 @@ on this host) is taken over with a note.
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "localize", help="two-stage head-ablation search on a (model, task)", description=DESCRIPTION,
+        "localize",
+        help="two-stage head-ablation search on a (model, task)",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model", required=True,
-                   help="smollm2 | theory | theory:PATH/params.npz | a HF folder, .gguf or .npz file")
-    p.add_argument("--task", required=True,
-                   help="a task name (arithmetic, ioi, greater_than, capitals, antonyms, agreement); A or B for theory")
-    p.add_argument("--discovery", type=int, default=100, metavar="N", help="discovery panel size (default 100)")
-    p.add_argument("--heldout", type=int, default=200, metavar="M",
-                   help="held-out panel size, also the size of each cross-task panel (default 200)")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="run directory (created; reused to resume)")
-    p.add_argument("--stage", default="report", metavar="NAME",
-                   help="run up to and including this stage: baseline, screen, joint, confirm, heldout, crosstask, "
-                        "report (default: report)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="smollm2 | theory | theory:PATH/params.npz | a HF folder, .gguf or .npz file",
+    )
+    p.add_argument(
+        "--task",
+        required=True,
+        help="a task name (arithmetic, ioi, greater_than, capitals, antonyms, agreement); A or B for theory",
+    )
+    p.add_argument(
+        "--discovery", type=int, default=100, metavar="N", help="discovery panel size (default 100)"
+    )
+    p.add_argument(
+        "--heldout",
+        type=int,
+        default=200,
+        metavar="M",
+        help="held-out panel size, also the size of each cross-task panel (default 200)",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        type=Path,
+        metavar="DIR",
+        help="run directory (created; reused to resume)",
+    )
+    p.add_argument(
+        "--stage",
+        default="report",
+        metavar="NAME",
+        help="run up to and including this stage: baseline, screen, joint, confirm, heldout, crosstask, "
+        "report (default: report)",
+    )
     p.add_argument("--seed", type=int, default=0, help="panel seed (default 0)")
-    p.add_argument("--ablation", choices=("zero", "mean"), default="zero",
-                   help="zero: head output z set to 0; mean: z replaced by its mean over the discovery prompts "
-                        "(default zero)")
-    p.add_argument("--cross-tasks", default="all", metavar="a,b,c|all|none",
-                   help="other tasks to evaluate the finalists on (default all)")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward (default 16; no effect on results)")
-    p.add_argument("--tau", type=float, default=1.0, help="theory only: correct iff |y_hat - y| < tau (default 1.0)")
-    p.add_argument("--theory-seed", type=int, default=0, help="theory only: training seed (default 0)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="evaluate condition chunks in N processes (default 1: sequential; results are identical)")
-    p.add_argument("--screen", choices=("exact", "gradient"), default="exact",
-                   help="exact: every head ablated alone (default); gradient: rank heads by the first-order "
-                        "estimate of removing each (one forward + backward) and screen only the top --candidates "
-                        "exactly (language models only)")
-    p.add_argument("--candidates", type=int, default=30, metavar="K",
-                   help="with --screen gradient: heads screened exactly (default 30, at least 10)")
+    p.add_argument(
+        "--ablation",
+        choices=("zero", "mean"),
+        default="zero",
+        help="zero: head output z set to 0; mean: z replaced by its mean over the discovery prompts "
+        "(default zero)",
+    )
+    p.add_argument(
+        "--cross-tasks",
+        default="all",
+        metavar="a,b,c|all|none",
+        help="other tasks to evaluate the finalists on (default all)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=16,
+        help="prompts per forward (default 16; no effect on results)",
+    )
+    p.add_argument(
+        "--tau",
+        type=float,
+        default=1.0,
+        help="theory only: correct iff |y_hat - y| < tau (default 1.0)",
+    )
+    p.add_argument(
+        "--theory-seed", type=int, default=0, help="theory only: training seed (default 0)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="evaluate condition chunks in N processes (default 1: sequential; results are identical)",
+    )
+    p.add_argument(
+        "--screen",
+        choices=("exact", "gradient"),
+        default="exact",
+        help="exact: every head ablated alone (default); gradient: rank heads by the first-order "
+        "estimate of removing each (one forward + backward) and screen only the top --candidates "
+        "exactly (language models only)",
+    )
+    p.add_argument(
+        "--candidates",
+        type=int,
+        default=30,
+        metavar="K",
+        help="with --screen gradient: heads screened exactly (default 30, at least 10)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
 
@@ -105,8 +166,13 @@ def theory_setup(args, which: str, cross_names: list[str]):
     config = TrainConfig()
     if args.model == "theory":
         if not args.quiet:
-            print(f"training the theory model (default config, seed {args.theory_seed}) ...", file=sys.stderr)
-        train_rng, _ = np.random.default_rng(args.theory_seed).spawn(2)  # as `cel-numpy theory` does
+            print(
+                f"training the theory model (default config, seed {args.theory_seed}) ...",
+                file=sys.stderr,
+            )
+        train_rng, _ = np.random.default_rng(args.theory_seed).spawn(
+            2
+        )  # as `cel-numpy theory` does
         params = train(TrainConfig(log_every=config.steps), train_rng).params
         label = f"theory(seed={args.theory_seed})"
     else:
@@ -114,17 +180,27 @@ def theory_setup(args, which: str, cross_names: list[str]):
         try:
             params = load_params(path)
         except Exception as err:  # np.load and zipfile raise many types for a wrong or damaged file
-            raise ModelFileError(f"{path}: not a theory params.npz with arrays K and V ({type(err).__name__}: {err}); "
-                                 "write one with `cel-numpy theory --out DIR`") from None
-        if params["K"].ndim != 2 or params["V"].ndim != 2 or params["K"].shape[0] != params["V"].shape[0]:
-            raise ModelFileError(f"{path}: K {params['K'].shape} and V {params['V'].shape} are not (H, T) and (H, m)")
+            raise ModelFileError(
+                f"{path}: not a theory params.npz with arrays K and V ({type(err).__name__}: {err}); "
+                "write one with `cel-numpy theory --out DIR`"
+            ) from None
+        if (
+            params["K"].ndim != 2
+            or params["V"].ndim != 2
+            or params["K"].shape[0] != params["V"].shape[0]
+        ):
+            raise ModelFileError(
+                f"{path}: K {params['K'].shape} and V {params['V'].shape} are not (H, T) and (H, m)"
+            )
         label = args.model
     world = config.world
     task = TheoryTask(which, world, tau=args.tau)
     cross = [TheoryTask(w, world, tau=args.tau) for w in cross_names]
 
     def make_evaluator(t, reference_items):
-        return TheoryEvaluator(params, t, ablation=args.ablation, reference_items=reference_items, label=label)
+        return TheoryEvaluator(
+            params, t, ablation=args.ablation, reference_items=reference_items, label=label
+        )
 
     return task, cross, make_evaluator
 
@@ -133,7 +209,9 @@ def theory_task_names(args) -> tuple[str, list[str]]:
     """("A" or "B", cross task letters) for --model theory; OptionError for other names."""
     which = THEORY_TASKS.get(args.task.upper())
     if which is None:
-        raise OptionError(f"--model theory has tasks A and B (theory-A, theory-B), not {args.task!r}")
+        raise OptionError(
+            f"--model theory has tasks A and B (theory-A, theory-B), not {args.task!r}"
+        )
     if args.cross_tasks in ("all", ""):
         return which, ["B" if which == "A" else "A"]
     if args.cross_tasks == "none":
@@ -168,15 +246,23 @@ def check_panel_sizes(task, cross, n_discovery: int, n_heldout: int) -> None:
     from cel_numpy.tasks import TemplateTask, max_panel_items
 
     wanted = [(task, n_discovery + n_heldout, f"--discovery {n_discovery} + --heldout {n_heldout}")]
-    wanted += [(t, n_heldout + 1, f"--heldout {n_heldout} (the cross-task panel size) + 1") for t in cross if t is not task]
+    wanted += [
+        (t, n_heldout + 1, f"--heldout {n_heldout} (the cross-task panel size) + 1")
+        for t in cross
+        if t is not task
+    ]
     for t, n, what in wanted:
         if isinstance(t, TemplateTask):
             limit = max_panel_items(t)
             if n > limit:
-                raise OptionError(f"task {t.name!r} can produce at most {limit} distinct items; {what} = {n}: "
-                                  "ask for fewer")
+                raise OptionError(
+                    f"task {t.name!r} can produce at most {limit} distinct items; {what} = {n}: "
+                    "ask for fewer"
+                )
         elif max(n_discovery, n_heldout) > MAX_SAMPLED_PANEL:
-            raise OptionError(f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for task {t.name!r}")
+            raise OptionError(
+                f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for task {t.name!r}"
+            )
 
 
 def check_model_name(spec: str) -> None:
@@ -187,12 +273,16 @@ def check_model_name(spec: str) -> None:
         return
     if spec.startswith("theory:"):
         if not Path(spec.split(":", 1)[1]).is_file():
-            raise OptionError(f"--model {spec}: no such file (theory:PATH wants the params.npz written by "
-                              "`cel-numpy theory --out DIR`)")
+            raise OptionError(
+                f"--model {spec}: no such file (theory:PATH wants the params.npz written by "
+                "`cel-numpy theory --out DIR`)"
+            )
         return
     if not Path(spec).expanduser().exists():
-        raise OptionError(f"--model {spec!r} not found: give a known name ({', '.join(KNOWN_NAMES)}, theory, "
-                          "theory:PATH/params.npz), a Hugging Face folder, a .gguf or a .npz file")
+        raise OptionError(
+            f"--model {spec!r} not found: give a known name ({', '.join(KNOWN_NAMES)}, theory, "
+            "theory:PATH/params.npz), a Hugging Face folder, a .gguf or a .npz file"
+        )
 
 
 def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> None:
@@ -219,20 +309,41 @@ def lm_setup(args, task, cross):
     ident = file_identity(path)
     model = load_model(args.model)
     if model.tokenizer is None:
-        raise OptionError(f"--model {args.model}: the model has no tokenizer files (tokenizer.json, or vocab.json + "
-                          "merges.txt): localization needs text prompts")
+        raise OptionError(
+            f"--model {args.model}: the model has no tokenizer files (tokenizer.json, or vocab.json + "
+            "merges.txt): localization needs text prompts"
+        )
     discovery, heldout = build_panels(task, args.discovery, args.heldout, args.seed)
     panels = {"discovery": discovery, "heldout": heldout}
-    panels.update({f"cross-{t.name}": cross_panel(t, args.heldout, args.seed) for t in cross if t.name != task.name})
+    panels.update(
+        {
+            f"cross-{t.name}": cross_panel(t, args.heldout, args.seed)
+            for t in cross
+            if t.name != task.name
+        }
+    )
     tasks = {"discovery": task, "heldout": task, **{f"cross-{t.name}": t for t in cross}}
-    check_prompt_lengths(model, panels, {name: getattr(t, "max_new_tokens", 0) if t.scoring == "generate" else 0
-                                         for name, t in tasks.items()})
+    check_prompt_lengths(
+        model,
+        panels,
+        {
+            name: getattr(t, "max_new_tokens", 0) if t.scoring == "generate" else 0
+            for name, t in tasks.items()
+        },
+    )
     cache = {}
 
     def make_evaluator(t, reference_items):
         if t.name not in cache:
-            cache[t.name] = LMEvaluator(model, t, ablation=args.ablation, reference_items=reference_items,
-                                        batch_size=args.batch_size, spec=args.model, file_identity=ident)
+            cache[t.name] = LMEvaluator(
+                model,
+                t,
+                ablation=args.ablation,
+                reference_items=reference_items,
+                batch_size=args.batch_size,
+                spec=args.model,
+                file_identity=ident,
+            )
         return cache[t.name]
 
     return task, cross, make_evaluator
@@ -245,21 +356,31 @@ def check_options(args) -> None:
     if args.stage not in STAGES:
         raise OptionError(f"--stage must be one of {', '.join(STAGES)}, got {args.stage!r}")
     if args.discovery < 1 or args.heldout < 1:
-        raise OptionError(f"--discovery and --heldout must be >= 1 (got {args.discovery}, {args.heldout})")
+        raise OptionError(
+            f"--discovery and --heldout must be >= 1 (got {args.discovery}, {args.heldout})"
+        )
     for flag, value in (("--batch-size", args.batch_size), ("--workers", args.workers)):
         if value < 1:
             raise OptionError(f"{flag} must be >= 1, got {value}")
     if args.seed < 0 or args.theory_seed < 0:
-        raise OptionError(f"--seed and --theory-seed must be >= 0 (got {args.seed}, {args.theory_seed})")
+        raise OptionError(
+            f"--seed and --theory-seed must be >= 0 (got {args.seed}, {args.theory_seed})"
+        )
     if not args.tau > 0:
         raise OptionError(f"--tau must be > 0, got {args.tau}")
     check_model_name(args.model)
     if args.screen == "gradient" and is_theory(args.model):
-        raise OptionError("--screen gradient needs a language model (its backward pass); use --screen exact with theory")
+        raise OptionError(
+            "--screen gradient needs a language model (its backward pass); use --screen exact with theory"
+        )
     if args.candidates < 10:
-        raise OptionError(f"--candidates must be >= 10 (the number of nominees), got {args.candidates}")
+        raise OptionError(
+            f"--candidates must be >= 10 (the number of nominees), got {args.candidates}"
+        )
     if is_theory(args.model) and max(args.discovery, args.heldout) > MAX_SAMPLED_PANEL:
-        raise OptionError(f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for the theory tasks")
+        raise OptionError(
+            f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for the theory tasks"
+        )
 
 
 def _ignore_sigint() -> None:
@@ -274,7 +395,9 @@ def run(args) -> int:
     check_options(args)
     theory = is_theory(args.model)
     if theory:
-        which, cross_names = theory_task_names(args)  # before any work: a wrong name costs no training
+        which, cross_names = theory_task_names(
+            args
+        )  # before any work: a wrong name costs no training
     else:
         task, cross = lm_tasks(args)
         check_panel_sizes(task, cross, args.discovery, args.heldout)
@@ -288,9 +411,20 @@ def run(args) -> int:
         from concurrent.futures import ProcessPoolExecutor
 
         executor = ProcessPoolExecutor(max_workers=args.workers, initializer=_ignore_sigint)
-    loc = Localizer(args.out, make_evaluator, task, n_discovery=args.discovery, n_heldout=args.heldout,
-                    seed=args.seed, cross_tasks=cross, progress=not args.quiet, executor=executor,
-                    command="cel-numpy " + " ".join(sys.argv[1:]), screen=args.screen, n_candidates=args.candidates)
+    loc = Localizer(
+        args.out,
+        make_evaluator,
+        task,
+        n_discovery=args.discovery,
+        n_heldout=args.heldout,
+        seed=args.seed,
+        cross_tasks=cross,
+        progress=not args.quiet,
+        executor=executor,
+        command="cel-numpy " + " ".join(sys.argv[1:]),
+        screen=args.screen,
+        n_candidates=args.candidates,
+    )
     try:
         results = loc.run(args.stage)
     except BaseException:
@@ -304,8 +438,10 @@ def run(args) -> int:
     if "report" in results:
         p = results["report"]["primary"]
         ho = p["heldout"]
-        print(f"rank 1: {p['name']}  held-out gain {ho['gain']:+d}/{ho['n']} = {ho['gain_rate']:+.3f} "
-              f"[{ho['ci_low']:+.3f}, {ho['ci_high']:+.3f}], exact McNemar p = {ho['p_value']:.3g}")
+        print(
+            f"rank 1: {p['name']}  held-out gain {ho['gain']:+d}/{ho['n']} = {ho['gain_rate']:+.3f} "
+            f"[{ho['ci_low']:+.3f}, {ho['ci_high']:+.3f}], exact McNemar p = {ho['p_value']:.3g}"
+        )
         print(f"report: {Path(args.out) / 'report.md'}")
     else:
         print(f"stages up to {args.stage} done in {args.out}")

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -42,7 +43,9 @@ INTACT: Condition = ()
 class ExampleResult:
     item_id: str
     correct: bool
-    answer: str  # what the model answered (generated text up to newline, chosen candidate, or y_hat)
+    answer: (
+        str  # what the model answered (generated text up to newline, chosen candidate, or y_hat)
+    )
 
 
 def normalize_condition(heads) -> Condition:
@@ -66,8 +69,9 @@ class Evaluator(Protocol):
         """JSON-able description of exactly what is evaluated (model file hash, ablation kind...)."""
         ...
 
-    def evaluate_many(self, items: Sequence[Item], conditions: Sequence[Condition]) -> list[list[ExampleResult]]:
-        ...
+    def evaluate_many(
+        self, items: Sequence[Item], conditions: Sequence[Condition]
+    ) -> list[list[ExampleResult]]: ...
 
 
 def evaluate_naive(
@@ -80,7 +84,9 @@ def evaluate_naive(
     for cond in conditions:
         results = evaluate_one(items, normalize_condition(cond))
         if [r.item_id for r in results] != [it.id for it in items]:
-            raise RuntimeError(f"evaluator returned results out of item order for {condition_name(cond)}")
+            raise RuntimeError(
+                f"evaluator returned results out of item order for {condition_name(cond)}"
+            )
         out.append(results)
     return out
 
@@ -88,7 +94,9 @@ def evaluate_naive(
 def _check_heads(cond: Condition, n_layers: int, n_heads: int) -> None:
     for l, h in cond:
         if not (0 <= l < n_layers and 0 <= h < n_heads):
-            raise ValueError(f"head L{l}H{h} outside the model's {n_layers} layers x {n_heads} heads")
+            raise ValueError(
+                f"head L{l}H{h} outside the model's {n_layers} layers x {n_heads} heads"
+            )
 
 
 # =========================================================================== real language models
@@ -109,12 +117,24 @@ class LMEvaluator:
                     evaluation per condition (`evaluate_naive`). Same results either way.
     """
 
-    def __init__(self, model, task, *, ablation: str = "zero", reference_items=None, batch_size: int = 16,
-                 spec: str = "", file_identity: dict | None = None, fast: bool = True):
+    def __init__(
+        self,
+        model,
+        task,
+        *,
+        ablation: str = "zero",
+        reference_items=None,
+        batch_size: int = 16,
+        spec: str = "",
+        file_identity: dict | None = None,
+        fast: bool = True,
+    ):
         if ablation not in ("zero", "mean"):
             raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
         if ablation == "mean" and not reference_items:
-            raise ValueError("mean ablation needs reference_items (the prompts whose mean z replaces a head)")
+            raise ValueError(
+                "mean ablation needs reference_items (the prompts whose mean z replaces a head)"
+            )
         self.model = model
         self.task = task
         self.ablation = ablation
@@ -127,16 +147,25 @@ class LMEvaluator:
         self.mean_z = None
         self.reference_ids: list[str] = []
         if ablation == "mean":
-            self.mean_z = model.mean_z([self._encode(it.prompt) for it in reference_items])  # (L, H, E)
+            self.mean_z = model.mean_z(
+                [self._encode(it.prompt) for it in reference_items]
+            )  # (L, H, E)
             self.reference_ids = [it.id for it in reference_items]
 
     def __reduce__(self):
         """Pickle a model loaded from a spec as the spec (a worker loads it once and caches it);
         a model built in memory travels by value. Mean ablation ships its mean z."""
         if self.spec and getattr(self.model, "source", None) and self.model.tokenizer is not None:
-            state = dict(spec=self.spec, task=self.task, ablation=self.ablation, batch_size=self.batch_size,
-                         file_identity=self.file_identity, fast=self.fast, mean_z=self.mean_z,
-                         reference_ids=self.reference_ids)
+            state = dict(
+                spec=self.spec,
+                task=self.task,
+                ablation=self.ablation,
+                batch_size=self.batch_size,
+                file_identity=self.file_identity,
+                fast=self.fast,
+                mean_z=self.mean_z,
+                reference_ids=self.reference_ids,
+            )
             return (_lm_evaluator_from_spec, (state,))
         return object.__reduce__(self)
 
@@ -153,7 +182,9 @@ class LMEvaluator:
             **self.file_identity,
         }
         if self.ablation == "mean":
-            ident["mean_reference_sha256"] = hashlib.sha256("\n".join(self.reference_ids).encode()).hexdigest()
+            ident["mean_reference_sha256"] = hashlib.sha256(
+                "\n".join(self.reference_ids).encode()
+            ).hexdigest()
         return ident
 
     # ------------------------------------------------------------------ helpers
@@ -182,9 +213,11 @@ class LMEvaluator:
     def _generate(self, items, cond):
         out = []
         for start in range(0, len(items), self.batch_size):
-            chunk = items[start:start + self.batch_size]
+            chunk = items[start : start + self.batch_size]
             prompts = [self._encode(it.prompt) for it in chunk]
-            new_ids = self.model.generate_ids(prompts, self.task.max_new_tokens, **self._ablate_kwargs(cond))
+            new_ids = self.model.generate_ids(
+                prompts, self.task.max_new_tokens, **self._ablate_kwargs(cond)
+            )
             for it, ids in zip(chunk, new_ids):
                 text = self.model.tokenizer.decode(list(ids)).split("\n", 1)[0]
                 out.append(ExampleResult(it.id, bool(self.task.is_correct(it, text)), text))
@@ -215,13 +248,18 @@ class LMEvaluator:
                 rows.append((i, j, ids, start))
         scores = np.full((len(items), max(len(it.choices) for it in items)), -np.inf)
         for b in range(0, len(rows), self.batch_size):
-            chunk = rows[b:b + self.batch_size]
+            chunk = rows[b : b + self.batch_size]
             ids, mask = self.model.pad([r[2] for r in chunk])
-            logits = np.asarray(self.model.logits(ids, attention_mask=mask, **self._ablate_kwargs(cond)), dtype=np.float64)
+            logits = np.asarray(
+                self.model.logits(ids, attention_mask=mask, **self._ablate_kwargs(cond)),
+                dtype=np.float64,
+            )
             T = ids.shape[1]
             for k, (i, j, seq, start) in enumerate(chunk):
                 offset = T - len(seq)  # left padding
-                lg = logits[k, offset + start - 1: offset + len(seq) - 1]  # (n_cont, V) predicts seq[start:]
+                lg = logits[
+                    k, offset + start - 1 : offset + len(seq) - 1
+                ]  # (n_cont, V) predicts seq[start:]
                 m = lg.max(axis=-1, keepdims=True)
                 logp = lg - m - np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
                 scores[i, j] = float(logp[np.arange(len(seq) - start), seq[start:]].sum())
@@ -235,15 +273,25 @@ class LMEvaluator:
 _WORKER_MODELS: dict = {}  # spec -> Model, one load per worker process
 
 
-def _lm_evaluator_from_spec(state: dict) -> "LMEvaluator":
+def _lm_evaluator_from_spec(state: dict) -> LMEvaluator:
     from cel_numpy.models.loaders import load_model
 
     spec = state["spec"]
     if spec not in _WORKER_MODELS:
         _WORKER_MODELS[spec] = load_model(spec)
-    ev = LMEvaluator(_WORKER_MODELS[spec], state["task"], batch_size=state["batch_size"], spec=spec,
-                     file_identity=state["file_identity"], fast=state["fast"])
-    ev.ablation, ev.mean_z, ev.reference_ids = state["ablation"], state["mean_z"], state["reference_ids"]
+    ev = LMEvaluator(
+        _WORKER_MODELS[spec],
+        state["task"],
+        batch_size=state["batch_size"],
+        spec=spec,
+        file_identity=state["file_identity"],
+        fast=state["fast"],
+    )
+    ev.ablation, ev.mean_z, ev.reference_ids = (
+        state["ablation"],
+        state["mean_z"],
+        state["reference_ids"],
+    )
     return ev
 
 
@@ -321,8 +369,15 @@ class TheoryEvaluator:
 
     n_layers = 1
 
-    def __init__(self, params: dict, task: TheoryTask, *, ablation: str = "zero", reference_items=None,
-                 label: str = "theory"):
+    def __init__(
+        self,
+        params: dict,
+        task: TheoryTask,
+        *,
+        ablation: str = "zero",
+        reference_items=None,
+        label: str = "theory",
+    ):
         if ablation not in ("zero", "mean"):
             raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
         if ablation == "mean" and not reference_items:
@@ -333,7 +388,10 @@ class TheoryEvaluator:
         self.label = label
         self.n_heads = int(self.params["K"].shape[0])
         self.fill = np.zeros(self.n_heads)  # (H,) what an ablated head outputs
-        self._decoded: tuple[tuple[str, ...], object] = ((), None)  # last panel decoded (ids, Batch)
+        self._decoded: tuple[tuple[str, ...], object] = (
+            (),
+            None,
+        )  # last panel decoded (ids, Batch)
         if ablation == "mean":
             from cel_numpy.theory.model import theory_forward
 

@@ -19,7 +19,7 @@ condition) -- same answers, same correctness -- at a fraction of the cost, throu
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,7 +28,9 @@ from cel_numpy.models.fast import ablated_readout, generate_conditions, prepare
 from cel_numpy.tasks.base import Item
 
 
-def evaluate_many_fast(ev, items: Sequence[Item], conditions: Sequence[Condition]) -> list[list[ExampleResult]]:
+def evaluate_many_fast(
+    ev, items: Sequence[Item], conditions: Sequence[Condition]
+) -> list[list[ExampleResult]]:
     """`LMEvaluator.evaluate_many` through the shared-prefix engine (see the module docstring)."""
     conds = [normalize_condition(c) for c in conditions]
     for c in conds:
@@ -46,13 +48,21 @@ def _generate(ev, items, conds):
     model, tok = ev.model, ev.model.tokenizer
     prep = prepare(model)
     eos = getattr(tok, "eos_id", None)
-    is_done = lambda ids: "\n" in tok.decode(list(ids))  # noqa: E731  the answer ends at a newline
+    is_done = lambda ids: "\n" in tok.decode(list(ids))
     out: list[list[ExampleResult]] = [[] for _ in conds]
     for start in range(0, len(items), ev.batch_size):
         chunk = items[start : start + ev.batch_size]
         prompts = [ev._encode(it.prompt) for it in chunk]
-        new = generate_conditions(prep, prompts, model.pad_id, conds, ev.mean_z, ev.task.max_new_tokens,
-                                  eos=eos, is_done=is_done)
+        new = generate_conditions(
+            prep,
+            prompts,
+            model.pad_id,
+            conds,
+            ev.mean_z,
+            ev.task.max_new_tokens,
+            eos=eos,
+            is_done=is_done,
+        )
         for k in range(len(conds)):
             for it, ids in zip(chunk, new[k]):
                 text = tok.decode(list(ids)).split("\n", 1)[0]
@@ -88,7 +98,9 @@ def _choice(ev, items, conds):
             ids, mask = model.pad([p for p, _ in chunk])
             columns = np.array(sorted({t for _, toks in chunk for t in toks}))
             col = {t: i for i, t in enumerate(columns)}
-            logits = ablated_readout(prep, ids, mask, conds, ev.mean_z, readout=slice(-1, None), columns=columns)
+            logits = ablated_readout(
+                prep, ids, mask, conds, ev.mean_z, readout=slice(-1, None), columns=columns
+            )
             for k, lg in enumerate(logits):  # (b, 1, C)
                 for b, (_, toks) in enumerate(chunk):
                     scores[k, start + b, : len(toks)] = [lg[b, 0, col[t]] for t in toks]
@@ -102,7 +114,9 @@ def _choice(ev, items, conds):
             chunk = rows[b0 : b0 + ev.batch_size]
             ids, mask = model.pad([r[2] for r in chunk])
             T = ids.shape[1]
-            n = max(len(seq) - start for _, _, seq, start in chunk) + 1  # scored positions, at the end
+            n = (
+                max(len(seq) - start for _, _, seq, start in chunk) + 1
+            )  # scored positions, at the end
             logits = ablated_readout(prep, ids, mask, conds, ev.mean_z, readout=slice(T - n, None))
             for k, lg_all in enumerate(logits):  # (b, n, V)
                 lg_all = np.asarray(lg_all, dtype=np.float64)

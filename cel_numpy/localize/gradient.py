@@ -22,8 +22,8 @@ exact only when M is linear in the mask (tests/test_backward.py); for a deep net
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -107,11 +107,19 @@ def _first_read(rows: list[MetricRow], T: int) -> int:
     return min(T - len(r.ids) + r.start - 1 for r in rows)
 
 
-def _chunk_metric(model, rows: list[MetricRow], scoring: str, head_mask, head_fill, *, backward: bool):
+def _chunk_metric(
+    model, rows: list[MetricRow], scoring: str, head_mask, head_fill, *, backward: bool
+):
     """Sum over the chunk's items of the item metric (plain forward), and dM/dm (L, H) if backward."""
     ids, mask = model.pad([r.ids for r in rows])  # (R, T) left-padded
     logits, cache = transformer_forward(
-        model.params, model.config, ids, mask, head_mask=head_mask, head_fill=head_fill, keep_activations=backward
+        model.params,
+        model.config,
+        ids,
+        mask,
+        head_mask=head_mask,
+        head_fill=head_fill,
+        keep_activations=backward,
     )  # (R, T, V)
     total, weight, spans, logps = _score(logits, rows, ids.shape[1], 0, scoring)
     if not backward:
@@ -121,7 +129,9 @@ def _chunk_metric(model, rows: list[MetricRow], scoring: str, head_mask, head_fi
         onehot = np.zeros_like(logps[k])
         onehot[np.arange(len(spans[k])), r.ids[r.start :]] = 1.0
         dlogits[k, spans[k]] = weight[k] * (onehot - np.exp(logps[k]))  # d log p / d logits
-    _, dhead_mask = transformer_backward(dlogits, model.params, model.config, cache, ids, head_fill=head_fill)
+    _, dhead_mask = transformer_backward(
+        dlogits, model.params, model.config, cache, ids, head_fill=head_fill
+    )
     return total, dhead_mask
 
 
@@ -138,7 +148,9 @@ def panel_metric(evaluator, items: Sequence[Item], *, ablate=None, batch_size: i
     return total / len(items)
 
 
-def gradient_screen(evaluator, items: Sequence[Item], *, batch_size: int = 16) -> tuple[float, np.ndarray]:
+def gradient_screen(
+    evaluator, items: Sequence[Item], *, batch_size: int = 16
+) -> tuple[float, np.ndarray]:
     """(M intact, estimate (L, H)): the first-order change of M when each head alone is removed."""
     if not items:
         raise ValueError("gradient screen on an empty panel: give at least one item")
@@ -147,13 +159,17 @@ def gradient_screen(evaluator, items: Sequence[Item], *, batch_size: int = 16) -
     dM_dm = np.zeros((c.n_layers, c.n_heads))
     total = 0.0
     for chunk in _chunks(metric_rows(evaluator, items), batch_size):
-        part, dmask = _chunk_metric(model, chunk, evaluator.task.scoring, None, evaluator.mean_z, backward=True)
+        part, dmask = _chunk_metric(
+            model, chunk, evaluator.task.scoring, None, evaluator.mean_z, backward=True
+        )
         total += part
         dM_dm += dmask
     return total / len(items), -dM_dm / len(items)  # m = 1 everywhere: estimate = -1 * dM/dm
 
 
-def exact_metric_screen(evaluator, items: Sequence[Item], *, batch_size: int = 16) -> tuple[float, np.ndarray]:
+def exact_metric_screen(
+    evaluator, items: Sequence[Item], *, batch_size: int = 16
+) -> tuple[float, np.ndarray]:
     """(M intact, exact (L, H)): M with each head alone removed, minus M intact.
 
     Every condition is an exact forward; they share the intact prefix below the removed head and
@@ -172,7 +188,7 @@ def exact_metric_screen(evaluator, items: Sequence[Item], *, batch_size: int = 1
         t0 = _first_read(chunk, T)
         per_cond = ablated_readout(
             prep, ids, mask, conds, evaluator.mean_z, readout=slice(t0, None),
-            reduce=lambda lg: np.array(_score(lg, chunk, T, t0, evaluator.task.scoring)[0]),
+            reduce=lambda lg: np.array(_score(lg, chunk, T, t0, evaluator.task.scoring)[0]),  # noqa: B023 - called within this iteration
         )  # fmt: skip
         totals += np.array([float(v) for v in per_cond])
     metric = totals / len(items)

@@ -15,8 +15,8 @@ the screen): 175 candidates. The top 10 are the finalists.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from cel_numpy.localize.evaluate import Condition, Head, normalize_condition
 

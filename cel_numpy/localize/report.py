@@ -15,7 +15,11 @@ from pathlib import Path
 
 from cel_numpy.localize.rundir import json_dump
 
-FIGURES = {"singletons": "singletons.png", "finalists": "finalists.png", "crosstask": "crosstask.png"}
+FIGURES = {
+    "singletons": "singletons.png",
+    "finalists": "finalists.png",
+    "crosstask": "crosstask.png",
+}
 
 
 def _fmt_gain(d: dict) -> str:
@@ -39,9 +43,14 @@ def build_report(loc) -> dict:
             "discovery": discovery_stats[name],
             "confirm": r["confirm"]["discovery"]["finalists"][k],
             "heldout": r["heldout"]["heldout"]["finalists"][k],
-            "crosstask": {panel.removeprefix("cross-"): v["finalists"][k] for panel, v in r["crosstask"].items()},
+            "crosstask": {
+                panel.removeprefix("cross-"): v["finalists"][k]
+                for panel, v in r["crosstask"].items()
+            },
         }
-        assert entry["confirm"]["name"] == name and entry["heldout"]["name"] == name, "finalist order mismatch"
+        assert entry["confirm"]["name"] == name and entry["heldout"]["name"] == name, (
+            "finalist order mismatch"
+        )
         finalists.append(entry)
     notes = []
     if r["screen"]["note"]:
@@ -62,7 +71,8 @@ def build_report(loc) -> dict:
         "n_layers": loc.n_layers,
         "n_heads": loc.n_heads,
         "singletons": [
-            {"rank": r["screen"]["ranking"].index(c["name"]) + 1, **c} for c in r["screen"]["conditions"]
+            {"rank": r["screen"]["ranking"].index(c["name"]) + 1, **c}
+            for c in r["screen"]["conditions"]
         ],
         "nominees": r["screen"]["nominees"],
         "joint_ranking": r["joint"]["ranking"],
@@ -76,8 +86,14 @@ def build_report(loc) -> dict:
         },
         "intact": {
             "discovery": {"n": r["baseline"]["n"], "correct": r["baseline"]["correct"]},
-            "heldout": {"n": r["heldout"]["heldout"]["n"], "correct": r["heldout"]["heldout"]["intact_correct"]},
-            **{p.removeprefix("cross-"): {"n": v["n"], "correct": v["intact_correct"]} for p, v in r["crosstask"].items()},
+            "heldout": {
+                "n": r["heldout"]["heldout"]["n"],
+                "correct": r["heldout"]["heldout"]["intact_correct"],
+            },
+            **{
+                p.removeprefix("cross-"): {"n": v["n"], "correct": v["intact_correct"]}
+                for p, v in r["crosstask"].items()
+            },
         },
         "notes": notes,
         "figures": FIGURES,
@@ -103,16 +119,20 @@ def plot_singletons(report: dict, path: Path) -> None:
     L, H = report["n_layers"], report["n_heads"]
     grid = np.full((L, H), np.nan)  # (L, H)
     for s in report["singletons"]:
-        (l, h), = s["heads"]
+        ((l, h),) = s["heads"]
         grid[l, h] = s["gain_rate"]
     lim = max(float(np.nanmax(np.abs(grid))), 1e-9)
     fig, ax = plt.subplots(figsize=(max(4, 0.45 * H + 2), max(2.5, 0.25 * L + 1.5)))
     im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto", origin="upper")
     for l, h in report["nominees"]:
-        ax.add_patch(plt.Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1.2))
+        ax.add_patch(
+            plt.Rectangle((h - 0.5, l - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1.2)
+        )
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
-    ax.set_title(f"singleton ablation gain on discovery ({report['task']['name']}); boxes: nominees")
+    ax.set_title(
+        f"singleton ablation gain on discovery ({report['task']['name']}); boxes: nominees"
+    )
     fig.colorbar(im, ax=ax, label="gain rate (rescued - damaged) / n")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -126,10 +146,14 @@ def _errorbars(ax, xs, entries, **kw):
     ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", capsize=3, **kw)
 
 
-def _finish_finalist_axes(plt, fig, ax, fin: list, title: str, path: Path, legend_size: int) -> None:
+def _finish_finalist_axes(
+    plt, fig, ax, fin: list, title: str, path: Path, legend_size: int
+) -> None:
     """Zero line, one tick per finalist, labels and legend; save and close the figure."""
     ax.axhline(0, color="grey", linewidth=0.8)
-    ax.set_xticks(range(1, len(fin) + 1), [f["name"] for f in fin], rotation=45, ha="right", fontsize=8)
+    ax.set_xticks(
+        range(1, len(fin) + 1), [f["name"] for f in fin], rotation=45, ha="right", fontsize=8
+    )
     ax.set_ylabel("gain rate, 95% interval")
     ax.set_title(title)
     ax.legend(fontsize=legend_size)
@@ -143,7 +167,9 @@ def plot_finalists(report: dict, path: Path) -> None:
     fin = report["finalists"]
     xs = list(range(1, len(fin) + 1))
     fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(fin) + 2), 3.6))
-    _errorbars(ax, [x - 0.12 for x in xs], [f["discovery"] for f in fin], label="discovery (vs baseline)")
+    _errorbars(
+        ax, [x - 0.12 for x in xs], [f["discovery"] for f in fin], label="discovery (vs baseline)"
+    )
     _errorbars(ax, [x + 0.12 for x in xs], [f["heldout"] for f in fin], label="held-out")
     _finish_finalist_axes(plt, fig, ax, fin, "finalists in discovery order", path, legend_size=8)
 
@@ -158,8 +184,15 @@ def plot_crosstask(report: dict, path: Path) -> None:
     for j, t in enumerate(tasks):
         entries = [f["heldout"] for f in fin] if j == 0 else [f["crosstask"][t] for f in fin]
         _errorbars(ax, [x - 0.4 + width * (j + 0.5) for x in xs], entries, label=t)
-    _finish_finalist_axes(plt, fig, ax, fin, "does the gain cost elsewhere? finalists on every task", path,
-                          legend_size=7)
+    _finish_finalist_axes(
+        plt,
+        fig,
+        ax,
+        fin,
+        "does the gain cost elsewhere? finalists on every task",
+        path,
+        legend_size=7,
+    )
 
 
 # --------------------------------------------------------------------------- markdown
@@ -188,28 +221,57 @@ def render_markdown(report: dict) -> str:
         "",
     ]
     if p["crosstask"]:
-        lines.append("Other tasks: " + "; ".join(
-            f"{name} {_fmt_gain(v)}, p = {_fmt_p(v['p_value'])}" for name, v in p["crosstask"].items()) + ".")
+        lines.append(
+            "Other tasks: "
+            + "; ".join(
+                f"{name} {_fmt_gain(v)}, p = {_fmt_p(v['p_value'])}"
+                for name, v in p["crosstask"].items()
+            )
+            + "."
+        )
         lines.append("")
     for note in report["notes"]:
         lines.append(f"> Note: {note}")
         lines.append("")
     cross = list(report["finalists"][0]["crosstask"]) if report["finalists"] else []
-    head = "| rank | heads | discovery gain | confirm gain | held-out gain [95% CI] | p | " + " | ".join(cross) + (" |" if cross else "")
-    lines += ["## Finalists (frozen before confirmation, discovery order)", "", head,
-              "|" + "---|" * (6 + len(cross))]
+    head = (
+        "| rank | heads | discovery gain | confirm gain | held-out gain [95% CI] | p | "
+        + " | ".join(cross)
+        + (" |" if cross else "")
+    )
+    lines += [
+        "## Finalists (frozen before confirmation, discovery order)",
+        "",
+        head,
+        "|" + "---|" * (6 + len(cross)),
+    ]
     for f in report["finalists"]:
-        row = (f"| {f['rank']} | {f['name']} | {f['discovery']['gain']:+d} ({f['discovery']['gain_rate']:+.3f}) | "
-               f"{f['confirm']['gain']:+d} | "
-               f"{_fmt_gain(f['heldout'])} | {_fmt_p(f['heldout']['p_value'])} | ")
+        row = (
+            f"| {f['rank']} | {f['name']} | {f['discovery']['gain']:+d} ({f['discovery']['gain_rate']:+.3f}) | "
+            f"{f['confirm']['gain']:+d} | "
+            f"{_fmt_gain(f['heldout'])} | {_fmt_p(f['heldout']['p_value'])} | "
+        )
         row += " | ".join(_fmt_gain(f["crosstask"][c]) for c in cross) + (" |" if cross else "")
         lines.append(row)
-    lines += ["", "## Singleton screen (top 10)", "", "| rank | head | correct | rescued | damaged | gain |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Singleton screen (top 10)",
+        "",
+        "| rank | head | correct | rescued | damaged | gain |",
+        "|---|---|---|---|---|---|",
+    ]
     for s in sorted(report["singletons"], key=lambda s: s["rank"])[:10]:
-        lines.append(f"| {s['rank']} | {s['name']} | {s['correct']} | {s['rescued']} | {s['damaged']} | {s['gain']:+d} |")
-    lines += ["", f"Joint search: {report['n_candidates']} candidates (pairs and triples of the nominees plus the "
-              "nominee singletons).", "", "## Figures", ""]
+        lines.append(
+            f"| {s['rank']} | {s['name']} | {s['correct']} | {s['rescued']} | {s['damaged']} | {s['gain']:+d} |"
+        )
+    lines += [
+        "",
+        f"Joint search: {report['n_candidates']} candidates (pairs and triples of the nominees plus the "
+        "nominee singletons).",
+        "",
+        "## Figures",
+        "",
+    ]
     for key, fname in report["figures"].items():
         lines.append(f"![{key}]({fname})")
         lines.append("")

@@ -26,14 +26,19 @@ import json
 import os
 import sys
 import zlib
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Callable, Sequence
-
 
 from cel_numpy.cli import UserError
 from cel_numpy.localize import rundir as rd
-from cel_numpy.localize.evaluate import INTACT, Condition, ExampleResult, condition_name, normalize_condition
+from cel_numpy.localize.evaluate import (
+    INTACT,
+    Condition,
+    ExampleResult,
+    condition_name,
+    normalize_condition,
+)
 from cel_numpy.localize.progress import Progress
 from cel_numpy.localize.ranking import (
     N_FINALISTS,
@@ -61,7 +66,9 @@ def cel_numpy_version() -> str:
         return "unknown"
 
 
-def build_panels(task, n_discovery: int, n_heldout: int, seed: int) -> tuple[list[Item], list[Item]]:
+def build_panels(
+    task, n_discovery: int, n_heldout: int, seed: int
+) -> tuple[list[Item], list[Item]]:
     """Disjoint discovery and held-out panels of distinct items (`cel_numpy.tasks.make_panels`)."""
     from cel_numpy.tasks.panels import make_panels
 
@@ -102,16 +109,36 @@ def evaluate_chunk(evaluator, items, conditions):
 class Localizer:
     """One run of the routine in one run directory (see the module docstring)."""
 
-    def __init__(self, out, make_evaluator: Callable, task, *, n_discovery: int, n_heldout: int, seed: int = 0,
-                 cross_tasks: Sequence = (), executor: Executor | None = None, chunk_size: int = 8,
-                 progress: bool = True, command: str | None = None, n_nominees: int = N_NOMINEES,
-                 n_finalists: int = N_FINALISTS, stream=None, screen: str = "exact", n_candidates: int = 30):
+    def __init__(
+        self,
+        out,
+        make_evaluator: Callable,
+        task,
+        *,
+        n_discovery: int,
+        n_heldout: int,
+        seed: int = 0,
+        cross_tasks: Sequence = (),
+        executor: Executor | None = None,
+        chunk_size: int = 8,
+        progress: bool = True,
+        command: str | None = None,
+        n_nominees: int = N_NOMINEES,
+        n_finalists: int = N_FINALISTS,
+        stream=None,
+        screen: str = "exact",
+        n_candidates: int = 30,
+    ):
         if n_discovery < 1 or n_heldout < 1:
-            raise UserError(f"--discovery and --heldout must be >= 1 (got {n_discovery}, {n_heldout})")
+            raise UserError(
+                f"--discovery and --heldout must be >= 1 (got {n_discovery}, {n_heldout})"
+            )
         if screen not in SCREENS:
             raise UserError(f"screen must be one of {', '.join(SCREENS)}, got {screen!r}")
         if n_candidates < n_nominees:
-            raise UserError(f"--candidates must be >= the {n_nominees} nominees, got {n_candidates}")
+            raise UserError(
+                f"--candidates must be >= the {n_nominees} nominees, got {n_candidates}"
+            )
         self.screen_method, self.n_candidates = screen, int(n_candidates)
         self.out = rd.prepare_out(Path(out))
         self.make_evaluator = make_evaluator
@@ -138,7 +165,9 @@ class Localizer:
         for t in self.cross_tasks:
             self.panels[f"cross-{t.name}"] = cross_panel(t, self.n_heldout, self.seed)
         if {it.id for it in discovery} & {it.id for it in heldout}:
-            raise RuntimeError("discovery and held-out panels share an item")  # build_panels guarantees not
+            raise RuntimeError(
+                "discovery and held-out panels share an item"
+            )  # build_panels guarantees not
         self.evaluators = {"discovery": self.make_evaluator(self.task, discovery)}
         self.evaluators["heldout"] = self.evaluators["discovery"]
         ev = self.evaluators["discovery"]
@@ -146,8 +175,11 @@ class Localizer:
         manifest = {
             "format": rd.FORMAT,
             "model": ev.identity(),
-            "task": {"name": self.task.name, "scoring": self.task.scoring,
-                     "max_new_tokens": getattr(self.task, "max_new_tokens", None)},
+            "task": {
+                "name": self.task.name,
+                "scoring": self.task.scoring,
+                "max_new_tokens": getattr(self.task, "max_new_tokens", None),
+            },
             "seed": self.seed,
             "panel_sizes": {name: len(items) for name, items in self.panels.items()},
             "panel_hashes": {name: rd.items_hash(items) for name, items in self.panels.items()},
@@ -176,57 +208,90 @@ class Localizer:
 
     # ------------------------------------------------------------------ one resumable stage
 
-    def _run_stage(self, stage: str, plan: list[rd.Block], depends: dict[str, str], summarize: Callable,
-                   label: str | None = None):
+    def _run_stage(
+        self,
+        stage: str,
+        plan: list[rd.Block],
+        depends: dict[str, str],
+        summarize: Callable,
+        label: str | None = None,
+    ):
         """Evaluate `plan` (or validate what is on disk), write the done-file, return (blocks, summary)."""
         records, done = rd.stage_paths(self.out, stage)
         if done.exists():
-            blocks, info = rd.validate_done(self.out, stage, plan, self.panels, self.manifest, depends)
+            blocks, info = rd.validate_done(
+                self.out, stage, plan, self.panels, self.manifest, depends
+            )
             summary = summarize(blocks)
             if info.get("summary") != _roundtrip(summary):
-                raise rd.RunDirError(f"{done}: summary does not match its records; {rd._fresh_hint(stage)}")
-            self._say(f"{stage:<10} done earlier: validated {records.name} ({info['n_records']} records)")
+                raise rd.RunDirError(
+                    f"{done}: summary does not match its records; {rd._fresh_hint(stage)}"
+                )
+            self._say(
+                f"{stage:<10} done earlier: validated {records.name} ({info['n_records']} records)"
+            )
             return blocks, summary
         blocks: list[list[ExampleResult]] = []
         if records.exists():
-            blocks, good_bytes, dropped = rd.read_blocks(records, plan, self.panels, stage, complete=False)
+            blocks, good_bytes, dropped = rd.read_blocks(
+                records, plan, self.panels, stage, complete=False
+            )
             with open(records, "r+b") as fh:
                 fh.truncate(good_bytes)
-            self._say(f"{stage:<10} resuming after {len(blocks)} of {len(plan)} conditions"
-                      + (f" (dropped {dropped} lines of an incomplete block)" if dropped else ""))
-        remaining = plan[len(blocks):]
+            self._say(
+                f"{stage:<10} resuming after {len(blocks)} of {len(plan)} conditions"
+                + (f" (dropped {dropped} lines of an incomplete block)" if dropped else "")
+            )
+        remaining = plan[len(blocks) :]
         chunks: list[list[rd.Block]] = []
         for block in remaining:
             if chunks and chunks[-1][0].panel == block.panel and len(chunks[-1]) < self.chunk_size:
                 chunks[-1].append(block)
             else:
                 chunks.append([block])
-        bar = Progress(label or stage, len(remaining), stream=self.stream, enabled=self.progress and label is not None)
+        bar = Progress(
+            label or stage,
+            len(remaining),
+            stream=self.stream,
+            enabled=self.progress and label is not None,
+        )
 
         def compute(chunk):
             items = self.panels[chunk[0].panel]
-            return self._evaluator_for(chunk[0].panel).evaluate_many(items, [b.condition for b in chunk])
+            return self._evaluator_for(chunk[0].panel).evaluate_many(
+                items, [b.condition for b in chunk]
+            )
 
         if self.executor is not None:
             for chunk in chunks:  # evaluators are created here, before any worker needs them
                 self._evaluator_for(chunk[0].panel)
             # a module-level function and picklable arguments: works with thread, process and
             # cluster executors (Dask's Client.get_executor()) alike
-            futures = [self.executor.submit(evaluate_chunk, self._evaluator_for(chunk[0].panel),
-                                            self.panels[chunk[0].panel], [b.condition for b in chunk])
-                       for chunk in chunks]
+            futures = [
+                self.executor.submit(
+                    evaluate_chunk,
+                    self._evaluator_for(chunk[0].panel),
+                    self.panels[chunk[0].panel],
+                    [b.condition for b in chunk],
+                )
+                for chunk in chunks
+            ]
             results_iter = (f.result() for f in futures)
         else:
             results_iter = (compute(chunk) for chunk in chunks)
         with open(records, "ab") as fh:
             for chunk, results in zip(chunks, results_iter):
                 if len(results) != len(chunk):
-                    raise RuntimeError(f"evaluator returned {len(results)} result lists for {len(chunk)} conditions")
+                    raise RuntimeError(
+                        f"evaluator returned {len(results)} result lists for {len(chunk)} conditions"
+                    )
                 text = []
                 for block, res in zip(chunk, results):
                     ids = [it.id for it in self.panels[block.panel]]
                     if [r.item_id for r in res] != ids:
-                        raise RuntimeError(f"evaluator results for {block.name} are not in panel order")
+                        raise RuntimeError(
+                            f"evaluator results for {block.name} are not in panel order"
+                        )
                     text.extend(rd.record_line(block, r) for r in res)
                     blocks.append(res)
                 fh.write("".join(text).encode())
@@ -234,13 +299,18 @@ class Localizer:
                 os.fsync(fh.fileno())
                 bar.update(len(chunk))
         summary = summarize(blocks)
-        rd.write_done(self.out, stage, sum(len(b) for b in blocks), len(plan), self.manifest, depends, summary)
+        rd.write_done(
+            self.out, stage, sum(len(b) for b in blocks), len(plan), self.manifest, depends, summary
+        )
         return blocks, summary
 
     # ------------------------------------------------------------------ the stages
 
     def baseline(self):
-        plan = [rd.Block("intact#1", "discovery", INTACT), rd.Block("intact#2", "discovery", INTACT)]
+        plan = [
+            rd.Block("intact#1", "discovery", INTACT),
+            rd.Block("intact#2", "discovery", INTACT),
+        ]
         items = self.panels["discovery"]
 
         def summarize(blocks):
@@ -261,7 +331,9 @@ class Localizer:
         finally:
             self.chunk_size = old_chunk
         self.intact = blocks[0]
-        self._say(f"baseline   intact {summary['correct']}/{summary['n']} correct on discovery (two passes agree)")
+        self._say(
+            f"baseline   intact {summary['correct']}/{summary['n']} correct on discovery (two passes agree)"
+        )
         return summary
 
     def _gradient_estimates(self) -> tuple[list[list[float]], str]:
@@ -272,22 +344,37 @@ class Localizer:
         if not path.exists():
             ev = self.evaluators["discovery"]
             if not hasattr(ev, "continuation_ids"):
-                raise UserError("--screen gradient needs a language model (its backward pass); use --screen exact")
+                raise UserError(
+                    "--screen gradient needs a language model (its backward pass); use --screen exact"
+                )
             from cel_numpy.localize.gradient import gradient_screen
 
             self._say("screen     gradient pre-filter: one forward + backward per batch")
-            metric, estimate = gradient_screen(ev, self.panels["discovery"], batch_size=getattr(ev, "batch_size", 16))
-            rd.json_dump(path, {"manifest_key": rd.manifest_key(self.manifest), "metric_intact": metric,
-                                "estimate": estimate.tolist()})
+            metric, estimate = gradient_screen(
+                ev, self.panels["discovery"], batch_size=getattr(ev, "batch_size", 16)
+            )
+            rd.json_dump(
+                path,
+                {
+                    "manifest_key": rd.manifest_key(self.manifest),
+                    "metric_intact": metric,
+                    "estimate": estimate.tolist(),
+                },
+            )
         try:
             saved = json.loads(path.read_text())
             estimate = saved["estimate"]
-            ok = saved["manifest_key"] == rd.manifest_key(self.manifest) and len(estimate) == self.n_layers \
+            ok = (
+                saved["manifest_key"] == rd.manifest_key(self.manifest)
+                and len(estimate) == self.n_layers
                 and all(len(row) == self.n_heads for row in estimate)
+            )
         except (OSError, ValueError, KeyError, TypeError):
             ok = False
         if not ok:
-            raise rd.RunDirError(f"{path} is unreadable or belongs to another run; use a fresh --out")
+            raise rd.RunDirError(
+                f"{path} is unreadable or belongs to another run; use a fresh --out"
+            )
         return estimate, sha256_file(path)
 
     def screen(self):
@@ -296,10 +383,14 @@ class Localizer:
         note = ""
         if self.screen_method == "gradient" and self.n_candidates < len(heads):
             estimate, depends["gradient"] = self._gradient_estimates()
-            order = sorted(range(len(heads)), key=lambda i: -estimate[heads[i][0]][heads[i][1]])  # stable on ties
+            order = sorted(
+                range(len(heads)), key=lambda i: -estimate[heads[i][0]][heads[i][1]]
+            )  # stable on ties
             heads = sorted(heads[i] for i in order[: self.n_candidates])
-            note = (f"gradient pre-filter: the {len(heads)} heads with the largest first-order estimated gain "
-                    f"(of {self.n_layers * self.n_heads}) were screened exactly; estimates in gradient.json")
+            note = (
+                f"gradient pre-filter: the {len(heads)} heads with the largest first-order estimated gain "
+                f"(of {self.n_layers * self.n_heads}) were screened exactly; estimates in gradient.json"
+            )
         plan = [rd.Block(condition_name(((l, h),)), "discovery", ((l, h),)) for l, h in heads]
         n_nom = min(self.n_nominees, len(heads))
 
@@ -311,8 +402,12 @@ class Localizer:
                 "ranking": [condition_name(s.heads) for s in ranked],
                 "nominees": [list(h) for h in nominees(ranked, n_nom)],
                 "n_heads_total": self.n_layers * self.n_heads,
-                "note": note or ("" if len(heads) >= self.n_nominees else
-                                 f"the model has only {len(heads)} heads (< {self.n_nominees}): all of them are nominees"),
+                "note": note
+                or (
+                    ""
+                    if len(heads) >= self.n_nominees
+                    else f"the model has only {len(heads)} heads (< {self.n_nominees}): all of them are nominees"
+                ),
             }
 
         _, summary = self._run_stage("screen", plan, depends, summarize, label="screen")
@@ -337,10 +432,16 @@ class Localizer:
                 "finalists": [[list(h) for h in s.heads] for s in finalists],
             }
 
-        depends = {"baseline": rd.records_sha(self.out, "baseline"), "screen": rd.records_sha(self.out, "screen")}
+        depends = {
+            "baseline": rd.records_sha(self.out, "baseline"),
+            "screen": rd.records_sha(self.out, "screen"),
+        }
         _, summary = self._run_stage("joint", plan, depends, summarize, label="joint")
-        frozen = {"finalists": summary["finalists"], "names": summary["ranking"][: self.n_finalists],
-                  "joint_sha256": rd.records_sha(self.out, "joint")}
+        frozen = {
+            "finalists": summary["finalists"],
+            "names": summary["ranking"][: self.n_finalists],
+            "joint_sha256": rd.records_sha(self.out, "joint"),
+        }
         path = self.out / "finalists.json"
         if path.exists():
             try:
@@ -348,7 +449,9 @@ class Localizer:
             except (OSError, json.JSONDecodeError):
                 on_disk = None
             if on_disk != frozen:
-                raise rd.RunDirError(f"{path} does not match the joint search records; {rd._fresh_hint('joint')}")
+                raise rd.RunDirError(
+                    f"{path} does not match the joint search records; {rd._fresh_hint('joint')}"
+                )
         else:
             rd.json_dump(path, frozen)
         self.finalists = [normalize_condition(f) for f in summary["finalists"]]
@@ -361,20 +464,22 @@ class Localizer:
             names = [f"{prefix}intact"] + [f"{prefix}{condition_name(f)}" for f in self.finalists]
             conds = [INTACT] + list(self.finalists)
             group = [rd.Block(n, panel, c) for n, c in zip(names, conds)]
-            groups.append((prefix, panel, group))
+            groups.append((panel, group))
             plan.extend(group)
 
         def summarize(blocks):
             out, i = {}, 0
-            for prefix, panel, group in groups:
-                res = blocks[i: i + len(group)]
+            for panel, group in groups:
+                res = blocks[i : i + len(group)]
                 i += len(group)
                 intact = res[0]
                 out[panel] = {
                     "n": len(intact),
                     "intact_correct": sum(r.correct for r in intact),
-                    "finalists": [{"rank": k + 1, **_scored(b.condition, intact, r)}
-                                  for k, (b, r) in enumerate(zip(group[1:], res[1:]))],
+                    "finalists": [
+                        {"rank": k + 1, **_scored(b.condition, intact, r)}
+                        for k, (b, r) in enumerate(zip(group[1:], res[1:]))
+                    ],
                 }
             return out
 
@@ -383,7 +488,9 @@ class Localizer:
         return blocks, summary
 
     def confirm(self):
-        blocks, summary = self._finalist_stage("confirm", [("", "discovery")], ["baseline", "joint"])
+        blocks, summary = self._finalist_stage(
+            "confirm", [("", "discovery")], ["baseline", "joint"]
+        )
         agrees = [a == b for a, b in zip(blocks[0], self.intact)] if blocks else []
         summary["discovery"]["intact_matches_baseline"] = all(agrees)
         return summary
@@ -415,9 +522,27 @@ class Localizer:
         return self.results
 
 
-def localize(out, make_evaluator: Callable, task, *, n_discovery: int, n_heldout: int, seed: int = 0,
-             cross_tasks: Sequence = (), until: str = "report", **kwargs) -> dict:
+def localize(
+    out,
+    make_evaluator: Callable,
+    task,
+    *,
+    n_discovery: int,
+    n_heldout: int,
+    seed: int = 0,
+    cross_tasks: Sequence = (),
+    until: str = "report",
+    **kwargs,
+) -> dict:
     """Run the routine into `out` up to `until`; returns {stage: summary} (see `Localizer`)."""
-    loc = Localizer(out, make_evaluator, task, n_discovery=n_discovery, n_heldout=n_heldout, seed=seed,
-                    cross_tasks=cross_tasks, **kwargs)
+    loc = Localizer(
+        out,
+        make_evaluator,
+        task,
+        n_discovery=n_discovery,
+        n_heldout=n_heldout,
+        seed=seed,
+        cross_tasks=cross_tasks,
+        **kwargs,
+    )
     return loc.run(until)

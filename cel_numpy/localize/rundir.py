@@ -61,9 +61,9 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from cel_numpy.cli import UserError
 from cel_numpy.localize.evaluate import Condition, ExampleResult, normalize_condition
@@ -100,7 +100,9 @@ def prepare_out(out: Path) -> Path:
     """Create --out if needed and prove it writable, before any work (one-line error if not)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise RunDirError(f"--out {out} is an existing file, not a directory: give a new or existing directory")
+        raise RunDirError(
+            f"--out {out} is an existing file, not a directory: give a new or existing directory"
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}"
@@ -158,10 +160,16 @@ class Lock:
             if host != socket.gethostname() or _pid_alive(pid):
                 os.close(fd)
                 raise RunDirError(self._held_message(owner))
-            self.note(f"taking over the stale lock {self.path} of pid {pid} on {host} (not running; "
-                      "it was killed before it could remove the lock)")
+            self.note(
+                f"taking over the stale lock {self.path} of pid {pid} on {host} (not running; "
+                "it was killed before it could remove the lock)"
+            )
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(), 0)
+        os.pwrite(
+            fd,
+            f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode(),
+            0,
+        )
         os.fsync(fd)
         self.fd = fd
         return self
@@ -186,7 +194,11 @@ class Lock:
         pid, host = owner
         if host == socket.gethostname() and not _pid_alive(pid):
             return f"stale lock {self.path} (pid {pid} on {host} is not running) is still held: delete it and rerun"
-        where = "" if host == socket.gethostname() else " (another host: if that run is gone, delete the lock)"
+        where = (
+            ""
+            if host == socket.gethostname()
+            else " (another host: if that run is gone, delete the lock)"
+        )
         return f"{self.path} is held by pid {pid} on {host}: another run is writing here{where}"
 
     def __exit__(self, *exc):
@@ -203,8 +215,17 @@ class Lock:
 # --------------------------------------------------------------------------- manifest
 
 # Fields that must be identical for a resumed run to reuse anything.
-MANIFEST_KEYS = ("format", "model", "task", "seed", "panel_sizes", "panel_hashes", "cross_tasks",
-                 "n_nominees", "n_finalists")
+MANIFEST_KEYS = (
+    "format",
+    "model",
+    "task",
+    "seed",
+    "panel_sizes",
+    "panel_hashes",
+    "cross_tasks",
+    "n_nominees",
+    "n_finalists",
+)
 
 
 OPTIONAL_MANIFEST_KEYS = ("screen",)  # present only when not the default (older runs stay valid)
@@ -248,8 +269,14 @@ def _short(value) -> str:
 
 
 def item_to_json(item: Item) -> dict:
-    return {"id": item.id, "task": item.task, "subtask": item.subtask, "prompt": item.prompt,
-            "answer": item.answer, "choices": list(item.choices)}
+    return {
+        "id": item.id,
+        "task": item.task,
+        "subtask": item.subtask,
+        "prompt": item.prompt,
+        "answer": item.answer,
+        "choices": list(item.choices),
+    }
 
 
 def write_panel(path: Path, items: Sequence[Item]) -> None:
@@ -273,12 +300,19 @@ def read_panel(path: Path) -> list[Item]:
     for n, line in enumerate(lines, 1):
         try:
             d = json.loads(line)
-            it = Item(task=d["task"], subtask=d["subtask"], prompt=d["prompt"], answer=d["answer"],
-                      choices=tuple(d["choices"]))
+            it = Item(
+                task=d["task"],
+                subtask=d["subtask"],
+                prompt=d["prompt"],
+                answer=d["answer"],
+                choices=tuple(d["choices"]),
+            )
         except (json.JSONDecodeError, KeyError, TypeError):
             raise RunDirError(f"{path}:{n}: malformed panel line; use a fresh --out") from None
         if it.id != d.get("id"):
-            raise RunDirError(f"{path}:{n}: item id does not match its content (edited?); use a fresh --out")
+            raise RunDirError(
+                f"{path}:{n}: item id does not match its content (edited?); use a fresh --out"
+            )
         items.append(it)
     return items
 
@@ -296,14 +330,19 @@ class Block:
 
 
 def record_line(block: Block, result: ExampleResult) -> str:
-    return json.dumps({
-        "block": block.name,
-        "panel": block.panel,
-        "heads": [list(h) for h in block.condition],
-        "item": result.item_id,
-        "correct": bool(result.correct),
-        "answer": result.answer,
-    }) + "\n"
+    return (
+        json.dumps(
+            {
+                "block": block.name,
+                "panel": block.panel,
+                "heads": [list(h) for h in block.condition],
+                "item": result.item_id,
+                "correct": bool(result.correct),
+                "answer": result.answer,
+            }
+        )
+        + "\n"
+    )
 
 
 def stage_paths(run_dir: Path, stage: str) -> tuple[Path, Path]:
@@ -314,8 +353,9 @@ def _fresh_hint(stage: str) -> str:
     return f"use a fresh --out, or delete {stage}.jsonl and {stage}.done.json (and every later stage) to redo it"
 
 
-def read_blocks(path: Path, plan: Sequence[Block], panels: dict[str, list[Item]], stage: str,
-                complete: bool) -> tuple[list[list[ExampleResult]], int, int]:
+def read_blocks(
+    path: Path, plan: Sequence[Block], panels: dict[str, list[Item]], stage: str, complete: bool
+) -> tuple[list[list[ExampleResult]], int, int]:
     """Parse `path` against `plan`: (results of the complete blocks, their byte length, lines dropped).
 
     Every complete line must be a well-formed record of the next planned (block, item).
@@ -335,20 +375,30 @@ def read_blocks(path: Path, plan: Sequence[Block], panels: dict[str, list[Item]]
         pos += len(raw) + 1
         bi = len(blocks)
         if bi >= len(plan):
-            raise RunDirError(f"{path}:{n}: more records than the stage plans; {_fresh_hint(stage)}")
+            raise RunDirError(
+                f"{path}:{n}: more records than the stage plans; {_fresh_hint(stage)}"
+            )
         block = plan[bi]
         items = panels[block.panel]
         try:
             d = json.loads(raw)
-            ok = (list(d) == ["block", "panel", "heads", "item", "correct", "answer"]
-                  and isinstance(d["correct"], bool) and isinstance(d["answer"], str))
+            ok = (
+                list(d) == ["block", "panel", "heads", "item", "correct", "answer"]
+                and isinstance(d["correct"], bool)
+                and isinstance(d["answer"], str)
+            )
         except (json.JSONDecodeError, UnicodeDecodeError):
             ok = False
         if not ok:
             raise RunDirError(f"{path}:{n}: malformed record; {_fresh_hint(stage)}")
         expected_item = items[len(current)].id
         heads = normalize_condition(d["heads"]) if isinstance(d["heads"], list) else None
-        if d["block"] != block.name or d["panel"] != block.panel or heads != block.condition or d["item"] != expected_item:
+        if (
+            d["block"] != block.name
+            or d["panel"] != block.panel
+            or heads != block.condition
+            or d["item"] != expected_item
+        ):
             raise RunDirError(
                 f"{path}:{n}: record does not match the plan (expected block {block.name} item {expected_item}, "
                 f"found block {d['block']} item {d['item']}); {_fresh_hint(stage)}"
@@ -361,12 +411,20 @@ def read_blocks(path: Path, plan: Sequence[Block], panels: dict[str, list[Item]]
             good_bytes = pos
     dropped = len(current) + (1 if torn else 0)
     if complete and (len(blocks) != len(plan) or current):
-        raise RunDirError(f"{path}: {len(blocks)} complete blocks, the stage plans {len(plan)}; {_fresh_hint(stage)}")
+        raise RunDirError(
+            f"{path}: {len(blocks)} complete blocks, the stage plans {len(plan)}; {_fresh_hint(stage)}"
+        )
     return blocks, good_bytes, dropped
 
 
-def validate_done(run_dir: Path, stage: str, plan: Sequence[Block], panels: dict[str, list[Item]],
-                  manifest: dict, depends: dict[str, str]) -> tuple[list[list[ExampleResult]], dict]:
+def validate_done(
+    run_dir: Path,
+    stage: str,
+    plan: Sequence[Block],
+    panels: dict[str, list[Item]],
+    manifest: dict,
+    depends: dict[str, str],
+) -> tuple[list[list[ExampleResult]], dict]:
     """Check a finished stage against its done-file, the manifest and the plan; return its results."""
     records, done = stage_paths(run_dir, stage)
     try:
@@ -378,9 +436,13 @@ def validate_done(run_dir: Path, stage: str, plan: Sequence[Block], panels: dict
     if info.get("manifest_key") != manifest_key(manifest):
         raise RunDirError(f"{done} belongs to a different manifest; {_fresh_hint(stage)}")
     if info.get("sha256") != sha256_file(records):
-        raise RunDirError(f"{records} does not match {done.name} (sha256 differs: edited or corrupted); {_fresh_hint(stage)}")
+        raise RunDirError(
+            f"{records} does not match {done.name} (sha256 differs: edited or corrupted); {_fresh_hint(stage)}"
+        )
     if info.get("depends") != depends:
-        raise RunDirError(f"{done} was computed from different earlier stages; {_fresh_hint(stage)}")
+        raise RunDirError(
+            f"{done} was computed from different earlier stages; {_fresh_hint(stage)}"
+        )
     blocks, _, _ = read_blocks(records, plan, panels, stage, complete=True)
     n_lines = sum(len(b) for b in blocks)
     if info.get("n_records") != n_lines or info.get("n_blocks") != len(plan):
@@ -388,8 +450,15 @@ def validate_done(run_dir: Path, stage: str, plan: Sequence[Block], panels: dict
     return blocks, info
 
 
-def write_done(run_dir: Path, stage: str, n_records: int, n_blocks: int, manifest: dict,
-               depends: dict[str, str], summary) -> dict:
+def write_done(
+    run_dir: Path,
+    stage: str,
+    n_records: int,
+    n_blocks: int,
+    manifest: dict,
+    depends: dict[str, str],
+    summary,
+) -> dict:
     records, done = stage_paths(run_dir, stage)
     info = {
         "stage": stage,

@@ -40,12 +40,17 @@ def wilson_interval(x: int, n: int, z: float = 1.959963984540054) -> tuple[float
     return max(0.0, (centre - half) / denom), min(1.0, (centre + half) / denom)
 
 
-def mover_difference(p1: float, l1: float, u1: float, p2: float, l2: float, u2: float,
-                     phi: float = 0.0) -> tuple[float, float]:
+def mover_difference(
+    p1: float, l1: float, u1: float, p2: float, l2: float, u2: float, phi: float = 0.0
+) -> tuple[float, float]:
     """Square-and-add interval for p1 - p2 from intervals of p1 and p2 and their correlation phi."""
     theta = p1 - p2
-    lower = theta - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
-    upper = theta + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    lower = theta - math.sqrt(
+        max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2)
+    )
+    upper = theta + math.sqrt(
+        max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2)
+    )
     return max(-1.0, lower), min(1.0, upper)
 
 
@@ -90,7 +95,9 @@ class PairedSummary:
 def paired_summary(intact: list[bool], ablated: list[bool]) -> PairedSummary:
     """Counts, interval and exact test for one condition against its intact comparator."""
     if len(intact) != len(ablated):
-        raise ValueError(f"paired data of different lengths: {len(intact)} intact vs {len(ablated)} ablated")
+        raise ValueError(
+            f"paired data of different lengths: {len(intact)} intact vs {len(ablated)} ablated"
+        )
     a = sum(1 for i, j in zip(intact, ablated) if i and j)
     b = sum(1 for i, j in zip(intact, ablated) if not i and j)
     c = sum(1 for i, j in zip(intact, ablated) if i and not j)
@@ -98,6 +105,14 @@ def paired_summary(intact: list[bool], ablated: list[bool]) -> PairedSummary:
     d = n - a - b - c
     lo, hi = newcombe_paired_interval(a, b, c, d)
     return PairedSummary(
-        n=n, intact_correct=a + c, correct=a + b, rescued=b, damaged=c, gain=b - c,
-        gain_rate=(b - c) / n if n else 0.0, ci_low=lo, ci_high=hi, p_value=mcnemar_exact(b, c),
+        n=n,
+        intact_correct=a + c,
+        correct=a + b,
+        rescued=b,
+        damaged=c,
+        gain=b - c,
+        gain_rate=(b - c) / n if n else 0.0,
+        ci_low=lo,
+        ci_high=hi,
+        p_value=mcnemar_exact(b, c),
     )

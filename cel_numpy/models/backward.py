@@ -50,7 +50,9 @@ def cross_entropy_loss(logits: np.ndarray, targets: np.ndarray):
     """
     targets = np.asarray(targets)
     if targets.shape != logits.shape[:2]:
-        raise ValueError(f"targets must be (B, T) = {logits.shape[:2]} like the logits, got {targets.shape}")
+        raise ValueError(
+            f"targets must be (B, T) = {logits.shape[:2]} like the logits, got {targets.shape}"
+        )
     scored = targets >= 0  # (B, T)
     if not scored.any():
         raise ValueError("no scored position: every target is negative (ignored)")
@@ -80,10 +82,14 @@ def _linear_backward(dout: np.ndarray, x: np.ndarray, W: np.ndarray, b: np.ndarr
     return dx, g["W"], g.get("b")
 
 
-def mlp_backward(dout: np.ndarray, p: dict, x: np.ndarray, act: MLPActivations, config: ModelConfig):
+def mlp_backward(
+    dout: np.ndarray, p: dict, x: np.ndarray, act: MLPActivations, config: ModelConfig
+):
     """Backward of `mlp_forward(p, x)`.  dout (B, T, D) -> dx (B, T, D), grads (keys of p)."""
     grads = {}
-    dpost, grads["W_out"], db = _linear_backward(dout, act.post, p["W_out"], p.get("b_out"))  # (B, T, F)
+    dpost, grads["W_out"], db = _linear_backward(
+        dout, act.post, p["W_out"], p.get("b_out")
+    )  # (B, T, F)
     if db is not None:
         grads["b_out"] = db
     if config.family == "gpt2":
@@ -106,7 +112,9 @@ def mlp_backward(dout: np.ndarray, p: dict, x: np.ndarray, act: MLPActivations, 
     return dx, grads
 
 
-def block_backward(dout: np.ndarray, p: dict, cache: BlockCache, config: ModelConfig, fill: np.ndarray | None):
+def block_backward(
+    dout: np.ndarray, p: dict, cache: BlockCache, config: ModelConfig, fill: np.ndarray | None
+):
     """Backward of one pre-norm block.  dout (B, T, D) -> dx (B, T, D), grads (keys of p), dhead_mask (H,).
 
     Forward: mid = x + attn(ln1(x)); out = mid + mlp(ln2(mid)).
@@ -115,7 +123,9 @@ def block_backward(dout: np.ndarray, p: dict, cache: BlockCache, config: ModelCo
     dln2_out, g_mlp = mlp_backward(dout, p["mlp"], cache.ln2_out, cache.mlp, config)  # (B, T, D)
     dmid_via_ln2, g_ln2 = norm_backward(dln2_out, p["ln2"], cache.resid_mid, config)
     dresid_mid += dmid_via_ln2
-    dln1_out, g_attn, dhead_mask = attention_backward(dresid_mid, p["attn"], cache.attn, fill=fill)  # (B, T, D)
+    dln1_out, g_attn, dhead_mask = attention_backward(
+        dresid_mid, p["attn"], cache.attn, fill=fill
+    )  # (B, T, D)
     dx_via_ln1, g_ln1 = norm_backward(dln1_out, p["ln1"], cache.resid_pre, config)
     dx = dresid_mid + dx_via_ln1  # mid = x + ...
     return dx, {"ln1": g_ln1, "attn": g_attn, "ln2": g_ln2, "mlp": g_mlp}, dhead_mask
@@ -142,16 +152,22 @@ def transformer_backward(
     if not cache.blocks:
         raise ValueError("the forward kept no activations: run it with keep_activations=True")
     if cache.kv and cache.inputs.n_past:
-        raise ValueError("backward through a KV-cached forward is not supported: run the whole sequence")
+        raise ValueError(
+            "backward through a KV-cached forward is not supported: run the whole sequence"
+        )
     B, T = np.shape(ids)
     if dlogits.shape[:2] != (B, T) or cache.ln_final_out.shape[:2] != (B, T):
-        raise ValueError(f"dlogits must cover every position: (B, T, V) with (B, T) = {(B, T)}, got {dlogits.shape}")
+        raise ValueError(
+            f"dlogits must cover every position: (B, T, V) with (B, T) = {(B, T)}, got {dlogits.shape}"
+        )
     L = config.n_layers
     grads: dict = {}
 
     # logits = ln_final(x_L) @ W_U + b_U
     x_final = cache.blocks[-1].resid_post  # (B, T, D)
-    dxn, dW_U, db_U = _linear_backward(dlogits, cache.ln_final_out, params["unembed"]["W_U"], params["unembed"].get("b_U"))
+    dxn, dW_U, db_U = _linear_backward(
+        dlogits, cache.ln_final_out, params["unembed"]["W_U"], params["unembed"].get("b_U")
+    )
     grads["unembed"] = {"W_U": dW_U} if db_U is None else {"W_U": dW_U, "b_U": db_U}
     dx, grads["ln_final"] = norm_backward(dxn, params["ln_final"], x_final, config)  # (B, T, D)
 
@@ -171,7 +187,9 @@ def transformer_backward(
         dW_pos = np.zeros_like(params["pos_embed"]["W_pos"])  # (n_ctx, D)
         np.add.at(dW_pos, cache.inputs.positions, dx)
         grads["pos_embed"] = {"W_pos": dW_pos}
-    if np.shares_memory(params["embed"]["W_E"], params["unembed"]["W_U"]):  # tied: one tensor, two uses
+    if np.shares_memory(
+        params["embed"]["W_E"], params["unembed"]["W_U"]
+    ):  # tied: one tensor, two uses
         dW_E += grads["unembed"]["W_U"].T
         grads["unembed"]["W_U"] = dW_E.T
     grads["embed"] = {"W_E": dW_E}

@@ -1,13 +1,12 @@
 """`cel-numpy fetch | inspect | generate`: the real-model subcommands.
 
-    cel-numpy fetch smollm2
-    cel-numpy inspect --model smollm2
-    cel-numpy generate --model smollm2 "The capital of France is" --ablate 3.1,5.0 --ablation zero
+cel-numpy fetch smollm2
+cel-numpy inspect --model smollm2
+cel-numpy generate --model smollm2 "The capital of France is" --ablate 3.1,5.0 --ablation zero
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 
 import numpy as np
@@ -20,18 +19,29 @@ def register(subparsers) -> None:
     p.add_argument("name", help="known name, e.g. smollm2 or gpt2-tokenizer")
     p.set_defaults(func=cmd_fetch)
 
-    p = subparsers.add_parser("inspect", help="describe a model: family, sizes, dtype, parameters, file")
-    p.add_argument("--model", default="smollm2", help="known name, HF folder, .gguf or .npz (default: smollm2)")
+    p = subparsers.add_parser(
+        "inspect", help="describe a model: family, sizes, dtype, parameters, file"
+    )
+    p.add_argument(
+        "--model", default="smollm2", help="known name, HF folder, .gguf or .npz (default: smollm2)"
+    )
     p.set_defaults(func=cmd_inspect)
 
-    p = subparsers.add_parser("generate", help="greedy generation, top-k next tokens, optional head ablation")
+    p = subparsers.add_parser(
+        "generate", help="greedy generation, top-k next tokens, optional head ablation"
+    )
     p.add_argument("prompt", help="text prompt")
-    p.add_argument("--model", default="smollm2", help="known name, HF folder, .gguf or .npz (default: smollm2)")
+    p.add_argument(
+        "--model", default="smollm2", help="known name, HF folder, .gguf or .npz (default: smollm2)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--top-k", type=int, default=5, help="show this many next-token candidates")
-    p.add_argument("--ablate", default="",
-                   help="heads to ablate as LAYER.HEAD,LAYER.HEAD (0-based), e.g. 3.1,5.0; or as a report names them, "
-                        "L3H1+L5H0")
+    p.add_argument(
+        "--ablate",
+        default="",
+        help="heads to ablate as LAYER.HEAD,LAYER.HEAD (0-based), e.g. 3.1,5.0; or as a report names them, "
+        "L3H1+L5H0",
+    )
     p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
     p.add_argument(
         "--reference",
@@ -53,7 +63,9 @@ def parse_heads(spec: str) -> list[tuple[int, int]]:
     for item in filter(None, (s.strip() for s in re.split(r"[,+]", spec))):
         match = HEAD_SPEC.fullmatch(item)
         if match is None:
-            raise OptionError(f"--ablate: {item!r} is not LAYER.HEAD (e.g. 3.1) or LxHy (e.g. L3H1); layers and heads count from 0")
+            raise OptionError(
+                f"--ablate: {item!r} is not LAYER.HEAD (e.g. 3.1) or LxHy (e.g. L3H1); layers and heads count from 0"
+            )
         layer, head = (int(g) for g in match.groups() if g is not None)
         if (layer, head) in heads:
             raise OptionError(f"--ablate: head {layer}.{head} is given twice")
@@ -104,7 +116,9 @@ def _storage(path) -> str:
                     a = z[name]
                     counts[str(a.dtype)] = counts.get(str(a.dtype), 0) + a.size
     total = sum(counts.values()) or 1
-    return ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return ", ".join(
+        f"{k} {100 * v / total:.0f}%" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])
+    )
 
 
 def cmd_inspect(args) -> int:
@@ -128,8 +142,14 @@ def cmd_inspect(args) -> int:
         rows.append(("rope base", f"{info['rope_base']:g}"))
     rows += [
         ("dtype", f"{info['dtype']} in memory; stored as {_storage(info['file'])}"),
-        ("parameters", f"{info['parameters']:,} ({model.weight_bytes() / 1e6:.1f} MB as {info['dtype']})"),
-        ("tokenizer", repr(model.tokenizer) if model.tokenizer is not None else "none (no tokenizer files)"),
+        (
+            "parameters",
+            f"{info['parameters']:,} ({model.weight_bytes() / 1e6:.1f} MB as {info['dtype']})",
+        ),
+        (
+            "tokenizer",
+            repr(model.tokenizer) if model.tokenizer is not None else "none (no tokenizer files)",
+        ),
         ("file", info["file"]),
     ]
     width = max(len(k) for k, _ in rows)
@@ -164,12 +184,16 @@ def cmd_generate(args) -> int:
     heads = parse_heads(args.ablate)  # every check that needs no model comes before loading it
     if args.max_new_tokens < 0 or args.top_k < 1:
         raise OptionError("--max-new-tokens must be >= 0 and --top-k >= 1")
-    for text, what in [(args.prompt, "the prompt")] + [(t, "a --reference text") for t in args.reference or []]:
+    for text, what in [(args.prompt, "the prompt")] + [
+        (t, "a --reference text") for t in args.reference or []
+    ]:
         if not text:
             raise PromptError(f"{what} is empty: give some text")
     if args.reference and not (heads and args.ablation == "mean"):
         raise OptionError("--reference is only used by --ablation mean with --ablate")
-    model = load_model(args.model, dtype=args.dtype, check_config=lambda config: check_heads(heads, config))
+    model = load_model(
+        args.model, dtype=args.dtype, check_config=lambda config: check_heads(heads, config)
+    )
     ids = model.encode(args.prompt)
     check_prompt(ids, args.max_new_tokens, model.config.n_ctx)
     spec = {}
@@ -179,7 +203,9 @@ def cmd_generate(args) -> int:
             check_prompt(ref, 0, model.config.n_ctx, "a --reference text")
         mean_z = model.mean_z(reference) if args.ablation == "mean" else None
         spec = {"ablate": heads, "ablation": args.ablation, "mean_z": mean_z}
-    runs = [("intact", {})] + ([(f"ablated {args.ablate} ({args.ablation})", spec)] if heads else [])
+    runs = [("intact", {})] + (
+        [(f"ablated {args.ablate} ({args.ablation})", spec)] if heads else []
+    )
     print(f"prompt: {args.prompt!r} ({len(ids)} tokens)")
     for label, kw in runs:
         logits = model.next_token_logits([ids], **kw)[0]  # (V,)

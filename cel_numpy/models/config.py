@@ -60,8 +60,19 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.family not in FAMILIES:
-            raise ConfigError(f"unknown model family {self.family!r}; supported: {', '.join(FAMILIES)}")
-        for f in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head", "d_mlp", "vocab_size", "n_ctx"):
+            raise ConfigError(
+                f"unknown model family {self.family!r}; supported: {', '.join(FAMILIES)}"
+            )
+        for f in (
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "d_model",
+            "d_head",
+            "d_mlp",
+            "vocab_size",
+            "n_ctx",
+        ):
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{f} must be a positive integer, got {value!r}")
@@ -69,14 +80,20 @@ class ModelConfig:
             raise ConfigError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if self.family == "gpt2":
             if self.n_kv_heads != self.n_heads:
-                raise ConfigError("gpt2 has no grouped-query attention: n_kv_heads must equal n_heads")
+                raise ConfigError(
+                    "gpt2 has no grouped-query attention: n_kv_heads must equal n_heads"
+                )
             if not self.tied_embeddings:
                 raise ConfigError("gpt2 ties its unembedding to W_E (tied_embeddings=True)")
         if self.family == "llama" and self.d_head % 2:
             raise ConfigError(f"rotary needs an even d_head, got {self.d_head}")
         for f in ("norm_eps", "rope_base"):
             value = getattr(self, f)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value < math.inf:
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not 0 < value < math.inf
+            ):
                 raise ConfigError(f"{f} must be a positive number, got {value!r}")
         # Python floats, not NumPy scalars: a np.float64 eps would promote float32 activations.
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
@@ -91,7 +108,14 @@ class ModelConfig:
 
     def n_params(self) -> int:
         """Number of distinct parameters (a tied unembedding counted once)."""
-        D, E, F, V, H, G = self.d_model, self.d_head, self.d_mlp, self.vocab_size, self.n_heads, self.n_kv_heads
+        D, E, F, V, H, G = (
+            self.d_model,
+            self.d_head,
+            self.d_mlp,
+            self.vocab_size,
+            self.n_heads,
+            self.n_kv_heads,
+        )
         attn = D * E * (2 * H + 2 * G) + (E * (H + 2 * G) + D if self.attn_bias else 0)
         n_mats = 3 if self.family == "llama" else 2
         mlp = n_mats * D * F + ((n_mats - 1) * F + D if self.mlp_bias else 0)
@@ -110,7 +134,7 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> ModelConfig:
         """Inverse of `to_dict`; unknown keys are an error (a typo should not pass silently)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
@@ -119,7 +143,7 @@ class ModelConfig:
         return cls(**d)
 
     @classmethod
-    def from_hf_config(cls, hf: dict, name: str = "") -> "ModelConfig":
+    def from_hf_config(cls, hf: dict, name: str = "") -> ModelConfig:
         """Read a Hugging Face config.json dictionary (GPT-2 or Llama architectures)."""
         if not isinstance(hf, dict):
             raise ConfigError(f"expected a JSON object, got {type(hf).__name__}")

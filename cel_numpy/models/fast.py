@@ -28,8 +28,8 @@ STYLE.md. Results agree with the plain forward to float rounding; tests compare 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -73,21 +73,27 @@ class Prepared:
 def _cat_bias(parts: Sequence[np.ndarray | None], sizes: Sequence[int], dtype) -> np.ndarray | None:
     if all(p is None for p in parts):
         return None
-    return np.concatenate([np.zeros(n, dtype) if p is None else p.reshape(-1) for p, n in zip(parts, sizes)])
+    return np.concatenate(
+        [np.zeros(n, dtype) if p is None else p.reshape(-1) for p, n in zip(parts, sizes)]
+    )
 
 
 def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
     a, m = p["attn"], p["mlp"]
     H, G, E, D = config.n_heads, config.n_kv_heads, config.d_head, config.d_model
-    flat = lambda W: W.transpose(1, 0, 2).reshape(D, -1)  # (H, D, E) -> (D, H E)  # noqa: E731
-    W_qkv = np.ascontiguousarray(np.concatenate([flat(a["W_Q"]), flat(a["W_K"]), flat(a["W_V"])], axis=1), dtype)
+    flat = lambda W: W.transpose(1, 0, 2).reshape(D, -1)  # (H, D, E) -> (D, H E)
+    W_qkv = np.ascontiguousarray(
+        np.concatenate([flat(a["W_Q"]), flat(a["W_K"]), flat(a["W_V"])], axis=1), dtype
+    )
     b_qkv = _cat_bias([a.get("b_Q"), a.get("b_K"), a.get("b_V")], [H * E, G * E, G * E], dtype)
     W_O = np.ascontiguousarray(a["W_O"].reshape(H * E, D), dtype)
     if config.family == "gpt2":
         W_up, b_up = np.ascontiguousarray(m["W_in"], dtype), m.get("b_in")
     else:
         F = config.d_mlp
-        W_up = np.ascontiguousarray(np.concatenate([m["W_gate"], m["W_in"]], axis=1), dtype)  # (D, 2F)
+        W_up = np.ascontiguousarray(
+            np.concatenate([m["W_gate"], m["W_in"]], axis=1), dtype
+        )  # (D, 2F)
         b_up = _cat_bias([m.get("b_gate"), m.get("b_in")], [F, F], dtype)
     return LayerWeights(
         ln1_w=p["ln1"]["w"], ln1_b=p["ln1"].get("b"), W_qkv=W_qkv, b_qkv=b_qkv, W_O=W_O,
@@ -96,7 +102,7 @@ def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
     )  # fmt: skip
 
 
-_PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def prepare(model) -> Prepared:
@@ -105,7 +111,9 @@ def prepare(model) -> Prepared:
     if prep is None or prep.params is not model.params:
         dtype = model.params["embed"]["W_E"].dtype
         layers = [_prepare_layer(p, model.config, dtype) for p in model.params["blocks"]]
-        prep = Prepared(config=model.config, params=model.params, layers=layers, dtype=np.dtype(dtype))
+        prep = Prepared(
+            config=model.config, params=model.params, layers=layers, dtype=np.dtype(dtype)
+        )
         _PREPARED[model] = prep
     return prep
 
@@ -200,8 +208,13 @@ class Inputs:
 
 def make_inputs(config: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, dtype) -> Inputs:
     fi = prepare_inputs(config, attention_mask, ids.shape[1], dtype)
-    return Inputs(ids=ids, attention_mask=np.asarray(attention_mask), positions=fi.positions, mask=fi.mask,
-                  rotary=fi.rotary)
+    return Inputs(
+        ids=ids,
+        attention_mask=np.asarray(attention_mask),
+        positions=fi.positions,
+        mask=fi.mask,
+        rotary=fi.rotary,
+    )
 
 
 def _tile(a, n: int):
@@ -214,8 +227,15 @@ def _tile_rotary(rot: Rotary | None, n: int, sel=slice(None)) -> Rotary | None:
     return Rotary(cos=_tile(rot.cos[:, :, sel], n), sin=_tile(rot.sin[:, :, sel], n))
 
 
-def _attention_z(lw: LayerWeights, x: np.ndarray, config: ModelConfig, mask, rotary: Rotary | None,
-                 query: slice = slice(None), past: tuple[np.ndarray, np.ndarray] | None = None):
+def _attention_z(
+    lw: LayerWeights,
+    x: np.ndarray,
+    config: ModelConfig,
+    mask,
+    rotary: Rotary | None,
+    query: slice = slice(None),
+    past: tuple[np.ndarray, np.ndarray] | None = None,
+):
     """norm1, fused QKV, rotary, shared softmax attention.  x (R, T, D) -> z (R, H, Tq, E), k, v (R, G, S, E).
 
     `query` selects the query positions (the last layer needs only the read-out ones); keys and
@@ -236,7 +256,9 @@ def _attention_z(lw: LayerWeights, x: np.ndarray, config: ModelConfig, mask, rot
     if past is not None:
         k = np.concatenate([past[0], k], axis=2)  # (R, G, S, E)
         v = np.concatenate([past[1], v], axis=2)
-    z, _ = softmax_attention_forward(q, k, v, scale=1.0 / float(np.sqrt(E)), mask=mask)  # (R, H, Tq, E)
+    z, _ = softmax_attention_forward(
+        q, k, v, scale=1.0 / float(np.sqrt(E)), mask=mask
+    )  # (R, H, Tq, E)
     return z, k, v
 
 
@@ -279,11 +301,19 @@ def _unembed(prep: Prepared, x: np.ndarray, columns: np.ndarray | None) -> np.nd
 # --------------------------------------------------------------------------- intact forward
 
 
-def forward(prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray | None = None, *,
-            positions: slice = slice(None), columns: np.ndarray | None = None) -> np.ndarray:
+def forward(
+    prep: Prepared,
+    ids: np.ndarray,
+    attention_mask: np.ndarray | None = None,
+    *,
+    positions: slice = slice(None),
+    columns: np.ndarray | None = None,
+) -> np.ndarray:
     """Intact logits, the fast way.  ids (B, T) -> logits (B, T', V) at `positions` (all by default)."""
     ids = np.asarray(ids)
-    attention_mask = np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
+    attention_mask = (
+        np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
+    )
     config = prep.config
     inp = make_inputs(config, ids, attention_mask, prep.dtype)
     x = embed(prep.params, config, ids, inp.positions).astype(prep.dtype, copy=False)  # (B, T, D)
@@ -311,7 +341,9 @@ class IntactState:
     readout: slice
 
 
-def intact_pass(prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray, readout: slice) -> IntactState:
+def intact_pass(
+    prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray, readout: slice
+) -> IntactState:
     config = prep.config
     inp = make_inputs(config, ids, attention_mask, prep.dtype)
     x = embed(prep.params, config, ids, inp.positions).astype(prep.dtype, copy=False)  # (B, T, D)
@@ -319,12 +351,18 @@ def intact_pass(prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray, rea
     L = config.n_layers
     for j, lw in enumerate(prep.layers):
         resid_pre.append(x)
-        z, k, v = _attention_z(lw, x, config, inp.mask, inp.rotary)  # all queries: ablations need all z
+        z, k, v = _attention_z(
+            lw, x, config, inp.mask, inp.rotary
+        )  # all queries: ablations need all z
         zs.append(z)
         kvs.append((k, v))
         q = readout if j == L - 1 else slice(None)
-        x = _mlp_residual_(lw, _attn_out_residual(lw, x[:, q], np.ascontiguousarray(z[:, :, q])), config)
-    return IntactState(inputs=inp, resid_pre=resid_pre, z=zs, kv=kvs, resid_final=x, readout=readout)
+        x = _mlp_residual_(
+            lw, _attn_out_residual(lw, x[:, q], np.ascontiguousarray(z[:, :, q])), config
+        )
+    return IntactState(
+        inputs=inp, resid_pre=resid_pre, z=zs, kv=kvs, resid_final=x, readout=readout
+    )
 
 
 def _keep_rows(keys: Sequence[Condition], layer: int, H: int, dtype) -> np.ndarray | None:
@@ -341,8 +379,14 @@ def _rows(keep: np.ndarray | None, B: int) -> np.ndarray | None:
     return None if keep is None else np.repeat(keep, B, axis=0)  # (n B, H)
 
 
-def ablated_states(prep: Prepared, intact: IntactState, conds: Sequence[Condition], fill: np.ndarray | None,
-                   *, keep_kv: bool = False):
+def ablated_states(
+    prep: Prepared,
+    intact: IntactState,
+    conds: Sequence[Condition],
+    fill: np.ndarray | None,
+    *,
+    keep_kv: bool = False,
+):
     """Final residual at the read-out positions for every condition, sharing every common prefix.
 
     Returns (final {cond: (B, T', D)}, kv {cond: [L x (k, v)]} if keep_kv). The state entering
@@ -354,21 +398,27 @@ def ablated_states(prep: Prepared, intact: IntactState, conds: Sequence[Conditio
     B, T = intact.inputs.ids.shape
     inp = intact.inputs
     conds = [tuple(sorted(c)) for c in conds]
-    below = lambda c, j: tuple(hd for hd in c if hd[0] < j)  # noqa: E731
-    states: dict[Condition, np.ndarray] = {}  # key (heads < j) -> (B, T, D) entering layer j, non-intact keys
+    below = lambda c, j: tuple(hd for hd in c if hd[0] < j)
+    states: dict[
+        Condition, np.ndarray
+    ] = {}  # key (heads < j) -> (B, T, D) entering layer j, non-intact keys
     kv: dict[Condition, list] = {c: [] for c in conds} if keep_kv else {}
     for j, lw in enumerate(prep.layers):
         last = j == L - 1
         q = intact.readout if last else slice(None)
         parents = sorted({below(c, j) for c in conds})  # keys entering layer j
-        children = sorted({below(c, j + 1) for c in conds} - {()})  # keys leaving layer j (non-intact)
+        children = sorted(
+            {below(c, j + 1) for c in conds} - {()}
+        )  # keys leaving layer j (non-intact)
         # attention of every non-intact parent, stacked; the intact parent's z is the intact pass's
         computed = [p for p in parents if p]
         z_of: dict[Condition, np.ndarray] = {(): intact.z[j][:, :, q]}
         if computed:
             n = len(computed)
             x_in = np.concatenate([states[p] for p in computed])  # (n B, T, D)
-            z, k, v = _attention_z(lw, x_in, config, _tile(inp.mask[:, :, q], n), _tile_rotary(inp.rotary, n), q)
+            z, k, v = _attention_z(
+                lw, x_in, config, _tile(inp.mask[:, :, q], n), _tile_rotary(inp.rotary, n), q
+            )
             for i, p in enumerate(computed):
                 z_of[p] = z[i * B : (i + 1) * B]
                 if keep_kv:
@@ -383,8 +433,12 @@ def ablated_states(prep: Prepared, intact: IntactState, conds: Sequence[Conditio
         if children:
             n = len(children)
             par = [below(c, j) for c in children]
-            z_in = np.concatenate([z_of[p] for p in par])  # (n B, H, Tq, E) a copy: ablated in place
-            x_in = np.concatenate([states[p][:, q] if p else intact.resid_pre[j][:, q] for p in par])  # (n B, Tq, D)
+            z_in = np.concatenate(
+                [z_of[p] for p in par]
+            )  # (n B, H, Tq, E) a copy: ablated in place
+            x_in = np.concatenate(
+                [states[p][:, q] if p else intact.resid_pre[j][:, q] for p in par]
+            )  # (n B, Tq, D)
             keep = _rows(_keep_rows(children, j, H, prep.dtype), B)
             _ablate_(z_in, keep, None if fill is None else fill[j])
             x_out = _mlp_residual_(lw, _attn_out_residual(lw, x_in, z_in), config)  # (n B, Tq, D)
@@ -395,10 +449,18 @@ def ablated_states(prep: Prepared, intact: IntactState, conds: Sequence[Conditio
     return final, kv
 
 
-def ablated_readout(prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray, conds: Sequence[Condition],
-                    fill: np.ndarray | None = None, *, readout: slice = slice(-1, None),
-                    columns: np.ndarray | None = None, max_rows: int = 4096,
-                    reduce: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
+def ablated_readout(
+    prep: Prepared,
+    ids: np.ndarray,
+    attention_mask: np.ndarray,
+    conds: Sequence[Condition],
+    fill: np.ndarray | None = None,
+    *,
+    readout: slice = slice(-1, None),
+    columns: np.ndarray | None = None,
+    max_rows: int = 4096,
+    reduce: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> list[np.ndarray]:
     """Logits (B, T', V or C) at the `readout` positions for each condition (in the given order).
 
     Conditions are processed in sorted order (shared prefixes are neighbours), in waves of at
@@ -426,10 +488,18 @@ def ablated_readout(prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray,
 # --------------------------------------------------------------------------- generation
 
 
-def generate_conditions(prep: Prepared, prompts: Sequence[Sequence[int]], pad_id: int, conds: Sequence[Condition],
-                        fill: np.ndarray | None, max_new_tokens: int, *, eos: int | None = None,
-                        is_done: Callable[[list[int]], bool] | None = None,
-                        max_rows: int = 2048) -> list[list[list[int]]]:
+def generate_conditions(
+    prep: Prepared,
+    prompts: Sequence[Sequence[int]],
+    pad_id: int,
+    conds: Sequence[Condition],
+    fill: np.ndarray | None,
+    max_new_tokens: int,
+    *,
+    eos: int | None = None,
+    is_done: Callable[[list[int]], bool] | None = None,
+    max_rows: int = 2048,
+) -> list[list[list[int]]]:
     """Greedy continuations of every prompt under every condition: out[k][b] = new ids (eos excluded).
 
     The same tokens as `Model.generate_ids(prompts, ablate=cond)` for each cond. The prompt pass
@@ -456,7 +526,9 @@ def generate_conditions(prep: Prepared, prompts: Sequence[Sequence[int]], pad_id
         wave = order[start : start + per_wave]
         n = len(wave)
         final, kv = ablated_states(prep, intact, wave, fill, keep_kv=max_new_tokens > 1)
-        first = _unembed(prep, np.concatenate([final[c] for c in wave]), None)[:, -1].argmax(-1)  # (n B,)
+        first = _unembed(prep, np.concatenate([final[c] for c in wave]), None)[:, -1].argmax(
+            -1
+        )  # (n B,)
         R = n * B
         new: list[list[int]] = [[] for _ in range(R)]
         active = np.ones(R, bool)
@@ -486,7 +558,9 @@ def generate_conditions(prep: Prepared, prompts: Sequence[Sequence[int]], pad_id
                     valid, pos, token, rows = valid[live], pos[live], token[live], rows[live]
                 s = T + step - 1  # slot of the token being fed
                 valid[:, s] = True
-                x = embed(prep.params, config, token[:, None], pos[:, None]).astype(prep.dtype, copy=False)  # (r, 1, D)
+                x = embed(prep.params, config, token[:, None], pos[:, None]).astype(
+                    prep.dtype, copy=False
+                )  # (r, 1, D)
                 mask = valid[:, None, None, : s + 1]  # (r, 1, 1, s+1)
                 rot = None
                 if config.family == "llama":
@@ -504,8 +578,13 @@ def generate_conditions(prep: Prepared, prompts: Sequence[Sequence[int]], pad_id
                         kn = rotary_forward(kn, rot)
                     kbuf[j][:, :, s : s + 1] = kn
                     vbuf[j][:, :, s : s + 1] = vn
-                    z, _ = softmax_attention_forward(q, kbuf[j][:, :, : s + 1], vbuf[j][:, :, : s + 1],
-                                                     scale=1.0 / float(np.sqrt(E)), mask=mask)  # (r, H, 1, E)
+                    z, _ = softmax_attention_forward(
+                        q,
+                        kbuf[j][:, :, : s + 1],
+                        vbuf[j][:, :, : s + 1],
+                        scale=1.0 / float(np.sqrt(E)),
+                        mask=mask,
+                    )  # (r, H, 1, E)
                     kj = keep[:, j]
                     _ablate_(z, None if kj.all() else kj, None if fill is None else fill[j])
                     x = _mlp_residual_(lw, _attn_out_residual(lw, x, z), config)

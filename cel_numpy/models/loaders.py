@@ -32,9 +32,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -100,53 +100,192 @@ def _linear_heads(n: int, E: int, D: int):
 
 
 def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
-    L, H, G, D, E, F, V = c.n_layers, c.n_heads, c.n_kv_heads, c.d_model, c.d_head, c.d_mlp, c.vocab_size
+    L, H, G, D, E, F, V = (
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.d_model,
+        c.d_head,
+        c.d_mlp,
+        c.vocab_size,
+    )
     gguf = fmt == "gguf"
     unperm_q = (lambda w: unpermute_rotary_rows(w, H)) if gguf else _identity
     unperm_k = (lambda w: unpermute_rotary_rows(w, G)) if gguf else _identity
     q_heads, kv_heads = _linear_heads(H, E, D), _linear_heads(G, E, D)
     table = [
-        WeightSpec("embed.W_E", "model.embed_tokens.weight", "token_embd.weight", None, (V, D), (V, D), _identity),
-        WeightSpec("ln_final.w", "model.norm.weight", "output_norm.weight", None, (D,), (D,), _identity),
+        WeightSpec(
+            "embed.W_E",
+            "model.embed_tokens.weight",
+            "token_embd.weight",
+            None,
+            (V, D),
+            (V, D),
+            _identity,
+        ),
+        WeightSpec(
+            "ln_final.w", "model.norm.weight", "output_norm.weight", None, (D,), (D,), _identity
+        ),
     ]
     if not c.tied_embeddings:
-        table.append(WeightSpec("unembed.W_U", "lm_head.weight", "output.weight", None, (V, D), (D, V), np.transpose))
+        table.append(
+            WeightSpec(
+                "unembed.W_U", "lm_head.weight", "output.weight", None, (V, D), (D, V), np.transpose
+            )
+        )
     for l in range(L):
         b, hf, gg = f"blocks.{l}.", f"model.layers.{l}.", f"blk.{l}."
         table += [
-            WeightSpec(b + "ln1.w", hf + "input_layernorm.weight", gg + "attn_norm.weight", None, (D,), (D,), _identity),
-            WeightSpec(b + "attn.W_Q", hf + "self_attn.q_proj.weight", gg + "attn_q.weight", None,
-                       (H * E, D), (H, D, E), lambda w: q_heads(unperm_q(w))),
-            WeightSpec(b + "attn.W_K", hf + "self_attn.k_proj.weight", gg + "attn_k.weight", None,
-                       (G * E, D), (G, D, E), lambda w: kv_heads(unperm_k(w))),
-            WeightSpec(b + "attn.W_V", hf + "self_attn.v_proj.weight", gg + "attn_v.weight", None,
-                       (G * E, D), (G, D, E), kv_heads),
-            WeightSpec(b + "attn.W_O", hf + "self_attn.o_proj.weight", gg + "attn_output.weight", None,
-                       (D, H * E), (H, E, D), lambda w: w.T.reshape(H, E, D)),
-            WeightSpec(b + "ln2.w", hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", None,
-                       (D,), (D,), _identity),
-            WeightSpec(b + "mlp.W_gate", hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", None,
-                       (F, D), (D, F), np.transpose),
-            WeightSpec(b + "mlp.W_in", hf + "mlp.up_proj.weight", gg + "ffn_up.weight", None, (F, D), (D, F), np.transpose),
-            WeightSpec(b + "mlp.W_out", hf + "mlp.down_proj.weight", gg + "ffn_down.weight", None,
-                       (D, F), (F, D), np.transpose),
+            WeightSpec(
+                b + "ln1.w",
+                hf + "input_layernorm.weight",
+                gg + "attn_norm.weight",
+                None,
+                (D,),
+                (D,),
+                _identity,
+            ),
+            WeightSpec(
+                b + "attn.W_Q",
+                hf + "self_attn.q_proj.weight",
+                gg + "attn_q.weight",
+                None,
+                (H * E, D),
+                (H, D, E),
+                lambda w: q_heads(unperm_q(w)),
+            ),
+            WeightSpec(
+                b + "attn.W_K",
+                hf + "self_attn.k_proj.weight",
+                gg + "attn_k.weight",
+                None,
+                (G * E, D),
+                (G, D, E),
+                lambda w: kv_heads(unperm_k(w)),
+            ),
+            WeightSpec(
+                b + "attn.W_V",
+                hf + "self_attn.v_proj.weight",
+                gg + "attn_v.weight",
+                None,
+                (G * E, D),
+                (G, D, E),
+                kv_heads,
+            ),
+            WeightSpec(
+                b + "attn.W_O",
+                hf + "self_attn.o_proj.weight",
+                gg + "attn_output.weight",
+                None,
+                (D, H * E),
+                (H, E, D),
+                lambda w: w.T.reshape(H, E, D),
+            ),
+            WeightSpec(
+                b + "ln2.w",
+                hf + "post_attention_layernorm.weight",
+                gg + "ffn_norm.weight",
+                None,
+                (D,),
+                (D,),
+                _identity,
+            ),
+            WeightSpec(
+                b + "mlp.W_gate",
+                hf + "mlp.gate_proj.weight",
+                gg + "ffn_gate.weight",
+                None,
+                (F, D),
+                (D, F),
+                np.transpose,
+            ),
+            WeightSpec(
+                b + "mlp.W_in",
+                hf + "mlp.up_proj.weight",
+                gg + "ffn_up.weight",
+                None,
+                (F, D),
+                (D, F),
+                np.transpose,
+            ),
+            WeightSpec(
+                b + "mlp.W_out",
+                hf + "mlp.down_proj.weight",
+                gg + "ffn_down.weight",
+                None,
+                (D, F),
+                (F, D),
+                np.transpose,
+            ),
         ]
         if c.attn_bias:
             table += [
-                WeightSpec(b + "attn.b_Q", hf + "self_attn.q_proj.bias", gg + "attn_q.bias", None, (H * E,), (H, E),
-                           lambda a: (unperm_q(a[:, None])[:, 0]).reshape(H, E)),
-                WeightSpec(b + "attn.b_K", hf + "self_attn.k_proj.bias", gg + "attn_k.bias", None, (G * E,), (G, E),
-                           lambda a: (unperm_k(a[:, None])[:, 0]).reshape(G, E)),
-                WeightSpec(b + "attn.b_V", hf + "self_attn.v_proj.bias", gg + "attn_v.bias", None, (G * E,), (G, E),
-                           lambda a: a.reshape(G, E)),
-                WeightSpec(b + "attn.b_O", hf + "self_attn.o_proj.bias", gg + "attn_output.bias", None, (D,), (D,),
-                           _identity),
+                WeightSpec(
+                    b + "attn.b_Q",
+                    hf + "self_attn.q_proj.bias",
+                    gg + "attn_q.bias",
+                    None,
+                    (H * E,),
+                    (H, E),
+                    lambda a: (unperm_q(a[:, None])[:, 0]).reshape(H, E),
+                ),
+                WeightSpec(
+                    b + "attn.b_K",
+                    hf + "self_attn.k_proj.bias",
+                    gg + "attn_k.bias",
+                    None,
+                    (G * E,),
+                    (G, E),
+                    lambda a: (unperm_k(a[:, None])[:, 0]).reshape(G, E),
+                ),
+                WeightSpec(
+                    b + "attn.b_V",
+                    hf + "self_attn.v_proj.bias",
+                    gg + "attn_v.bias",
+                    None,
+                    (G * E,),
+                    (G, E),
+                    lambda a: a.reshape(G, E),
+                ),
+                WeightSpec(
+                    b + "attn.b_O",
+                    hf + "self_attn.o_proj.bias",
+                    gg + "attn_output.bias",
+                    None,
+                    (D,),
+                    (D,),
+                    _identity,
+                ),
             ]
         if c.mlp_bias:
             table += [
-                WeightSpec(b + "mlp.b_gate", hf + "mlp.gate_proj.bias", gg + "ffn_gate.bias", None, (F,), (F,), _identity),
-                WeightSpec(b + "mlp.b_in", hf + "mlp.up_proj.bias", gg + "ffn_up.bias", None, (F,), (F,), _identity),
-                WeightSpec(b + "mlp.b_out", hf + "mlp.down_proj.bias", gg + "ffn_down.bias", None, (D,), (D,), _identity),
+                WeightSpec(
+                    b + "mlp.b_gate",
+                    hf + "mlp.gate_proj.bias",
+                    gg + "ffn_gate.bias",
+                    None,
+                    (F,),
+                    (F,),
+                    _identity,
+                ),
+                WeightSpec(
+                    b + "mlp.b_in",
+                    hf + "mlp.up_proj.bias",
+                    gg + "ffn_up.bias",
+                    None,
+                    (F,),
+                    (F,),
+                    _identity,
+                ),
+                WeightSpec(
+                    b + "mlp.b_out",
+                    hf + "mlp.down_proj.bias",
+                    gg + "ffn_down.bias",
+                    None,
+                    (D,),
+                    (D,),
+                    _identity,
+                ),
             ]
     return table
 
@@ -170,24 +309,83 @@ def _gpt2_table(c: ModelConfig) -> list[WeightSpec]:
         b, hf = f"blocks.{l}.", f"h.{l}."
         for i, n in enumerate("QKV"):
             table += [
-                WeightSpec(b + f"attn.W_{n}", hf + "attn.c_attn.weight", None, b + f"attn.W_{n}",
-                           (D, 3 * D), (H, D, E), qkv_weight(i)),
-                WeightSpec(b + f"attn.b_{n}", hf + "attn.c_attn.bias", None, b + f"attn.b_{n}",
-                           (3 * D,), (H, E), qkv_bias(i)),
+                WeightSpec(
+                    b + f"attn.W_{n}",
+                    hf + "attn.c_attn.weight",
+                    None,
+                    b + f"attn.W_{n}",
+                    (D, 3 * D),
+                    (H, D, E),
+                    qkv_weight(i),
+                ),
+                WeightSpec(
+                    b + f"attn.b_{n}",
+                    hf + "attn.c_attn.bias",
+                    None,
+                    b + f"attn.b_{n}",
+                    (3 * D,),
+                    (H, E),
+                    qkv_bias(i),
+                ),
             ]
         table += [
-            WeightSpec(b + "attn.W_O", hf + "attn.c_proj.weight", None, b + "attn.W_O", (D, D), (H, E, D),
-                       lambda w: w.reshape(H, E, D)),
-            WeightSpec(b + "attn.b_O", hf + "attn.c_proj.bias", None, b + "attn.b_O", (D,), (D,), _identity),
-            WeightSpec(b + "mlp.W_in", hf + "mlp.c_fc.weight", None, b + "mlp.W_in", (D, F), (D, F), _identity),
-            WeightSpec(b + "mlp.b_in", hf + "mlp.c_fc.bias", None, b + "mlp.b_in", (F,), (F,), _identity),
-            WeightSpec(b + "mlp.W_out", hf + "mlp.c_proj.weight", None, b + "mlp.W_out", (F, D), (F, D), _identity),
-            WeightSpec(b + "mlp.b_out", hf + "mlp.c_proj.bias", None, b + "mlp.b_out", (D,), (D,), _identity),
+            WeightSpec(
+                b + "attn.W_O",
+                hf + "attn.c_proj.weight",
+                None,
+                b + "attn.W_O",
+                (D, D),
+                (H, E, D),
+                lambda w: w.reshape(H, E, D),
+            ),
+            WeightSpec(
+                b + "attn.b_O", hf + "attn.c_proj.bias", None, b + "attn.b_O", (D,), (D,), _identity
+            ),
+            WeightSpec(
+                b + "mlp.W_in",
+                hf + "mlp.c_fc.weight",
+                None,
+                b + "mlp.W_in",
+                (D, F),
+                (D, F),
+                _identity,
+            ),
+            WeightSpec(
+                b + "mlp.b_in", hf + "mlp.c_fc.bias", None, b + "mlp.b_in", (F,), (F,), _identity
+            ),
+            WeightSpec(
+                b + "mlp.W_out",
+                hf + "mlp.c_proj.weight",
+                None,
+                b + "mlp.W_out",
+                (F, D),
+                (F, D),
+                _identity,
+            ),
+            WeightSpec(
+                b + "mlp.b_out",
+                hf + "mlp.c_proj.bias",
+                None,
+                b + "mlp.b_out",
+                (D,),
+                (D,),
+                _identity,
+            ),
         ]
         for ln, hf_ln in (("ln1", "ln_1"), ("ln2", "ln_2")):
             table += [
-                WeightSpec(b + f"{ln}.w", hf + f"{hf_ln}.weight", None, b + f"{ln}.w", (D,), (D,), _identity),
-                WeightSpec(b + f"{ln}.b", hf + f"{hf_ln}.bias", None, b + f"{ln}.b", (D,), (D,), _identity),
+                WeightSpec(
+                    b + f"{ln}.w",
+                    hf + f"{hf_ln}.weight",
+                    None,
+                    b + f"{ln}.w",
+                    (D,),
+                    (D,),
+                    _identity,
+                ),
+                WeightSpec(
+                    b + f"{ln}.b", hf + f"{hf_ln}.bias", None, b + f"{ln}.b", (D,), (D,), _identity
+                ),
             ]
     return table
 
@@ -201,8 +399,9 @@ class TensorHeader:
     is_float: bool  # can be read as floating-point weights
 
 
-def check_tensors(config: ModelConfig, fmt: str, headers: dict[str, TensorHeader], where: str,
-                  prefix: str = "") -> None:
+def check_tensors(
+    config: ModelConfig, fmt: str, headers: dict[str, TensorHeader], where: str, prefix: str = ""
+) -> None:
     """Every tensor the table needs is in `headers`, with its checkpoint shape and a float dtype.
 
     Runs on headers only, before any weight is read; the config's layer count is first checked
@@ -231,10 +430,14 @@ def check_tensors(config: ModelConfig, fmt: str, headers: dict[str, TensorHeader
                 "the config and the weights do not belong together (or the file is damaged)"
             )
         if not header.is_float:
-            raise ModelFileError(f"{where}: tensor {prefix + name} is stored as {header.dtype}, not as floating point")
+            raise ModelFileError(
+                f"{where}: tensor {prefix + name} is stored as {header.dtype}, not as floating point"
+            )
 
 
-def build_params(config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray], dtype, where: str) -> dict:
+def build_params(
+    config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray], dtype, where: str
+) -> dict:
     """Read every parameter of the table through read(name) and return nested params.
 
     Call `check_tensors` on the headers first: every name exists with its checkpoint shape, so
@@ -245,9 +448,13 @@ def build_params(config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray
     for spec in weight_table(config, fmt):
         name = getattr(spec, fmt)
         source = read(name)
-        assert tuple(source.shape) == spec.checkpoint_shape(fmt), f"{where}: {name} read as {source.shape}"
+        assert tuple(source.shape) == spec.checkpoint_shape(fmt), (
+            f"{where}: {name} read as {source.shape}"
+        )
         value = source if fmt == "npz" else spec.to_ours(source)
-        assert value.shape == spec.shape, f"{spec.ours}: converted to {value.shape}, expected {spec.shape}"
+        assert value.shape == spec.shape, (
+            f"{spec.ours}: converted to {value.shape}, expected {spec.shape}"
+        )
         flat[spec.ours] = np.ascontiguousarray(value, dtype=dtype)
         del source, value
     if config.tied_embeddings:
@@ -258,7 +465,9 @@ def build_params(config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray
 # --------------------------------------------------------------------------- entry point
 
 
-def load_model(source, *, dtype=np.float32, check_config: Callable[[ModelConfig], None] | None = None):
+def load_model(
+    source, *, dtype=np.float32, check_config: Callable[[ModelConfig], None] | None = None
+):
     """Load a Model from a known name ("smollm2"), a HF folder, a .gguf or a .npz file.
 
     dtype: np.float32 (default, inference) or np.float64 (parity checks, gradients).
@@ -284,7 +493,9 @@ def load_model(source, *, dtype=np.float32, check_config: Callable[[ModelConfig]
     elif path.suffix == ".npz":
         params, config, tokenizer = load_npz(path, dtype, check)
     else:
-        raise ModelFileError(f"{path}: don't know how to load this file: expected a Hugging Face folder, a .gguf or a .npz file")
+        raise ModelFileError(
+            f"{path}: don't know how to load this file: expected a Hugging Face folder, a .gguf or a .npz file"
+        )
     return Model(params, config, tokenizer, source=str(path))
 
 
@@ -326,8 +537,23 @@ def read_hf_config(folder: Path) -> ModelConfig:
 # safetensors: 8-byte little-endian header length N, N bytes of JSON
 # {name: {"dtype", "shape", "data_offsets": [begin, end]}} (offsets relative to the data after
 # the header), then the data. Parsed here so that every problem is caught before any read.
-SAFETENSORS_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
-                        "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+SAFETENSORS_ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U64": 8,
+    "U32": 4,
+    "U16": 2,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 SAFETENSORS_FLOAT = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # BF16: read as bits
 SAFETENSORS_MAX_HEADER = 100_000_000  # the format's own limit
 
@@ -371,9 +597,16 @@ def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
             continue
         try:
             dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
-            ok = (isinstance(dtype, str) and isinstance(shape, list) and len(shape) <= 8
-                  and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape + [begin, end])
-                  and begin <= end)
+            ok = (
+                isinstance(dtype, str)
+                and isinstance(shape, list)
+                and len(shape) <= 8
+                and all(
+                    isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                    for d in shape + [begin, end]
+                )
+                and begin <= end
+            )
         except (TypeError, KeyError, ValueError):
             ok = False
         if not ok:
@@ -391,8 +624,12 @@ def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
                 f"{path}: tensor {name} ends at byte {data_start + end}, past the end of the file "
                 f"({size} bytes); {hint}"
             )
-        entries[name] = SafetensorsEntry(path, TensorHeader(tuple(shape), dtype, dtype in SAFETENSORS_FLOAT),
-                                         data_start + begin, needed)
+        entries[name] = SafetensorsEntry(
+            path,
+            TensorHeader(tuple(shape), dtype, dtype in SAFETENSORS_FLOAT),
+            data_start + begin,
+            needed,
+        )
     return entries
 
 
@@ -402,7 +639,9 @@ def read_safetensors_tensor(f, entry: SafetensorsEntry) -> np.ndarray:
     f.seek(entry.offset)
     flat = np.fromfile(f, dtype=dtype, count=entry.n_bytes // np.dtype(dtype).itemsize)
     if flat.nbytes != entry.n_bytes:
-        raise ModelFileError(f"{f.name}: file shrank while reading (was it being overwritten?); download it again")
+        raise ModelFileError(
+            f"{f.name}: file shrank while reading (was it being overwritten?); download it again"
+        )
     if entry.header.dtype == "BF16":  # the top 16 bits of a float32
         flat = (flat.astype(np.uint32) << 16).view(np.float32)
     return flat.reshape(entry.header.shape)
@@ -420,18 +659,31 @@ def safetensors_entries(folder: Path) -> dict[str, SafetensorsEntry]:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         shards = sorted(set(weight_map.values()))
         assert all(isinstance(shard, str) for shard in shards)
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AssertionError, AttributeError):
-        raise ModelFileError(f"{index}: not a safetensors index (JSON with a weight_map of file names)") from None
+    except (
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+        KeyError,
+        TypeError,
+        AssertionError,
+        AttributeError,
+    ):
+        raise ModelFileError(
+            f"{index}: not a safetensors index (JSON with a weight_map of file names)"
+        ) from None
     entries: dict[str, SafetensorsEntry] = {}
     for shard in shards:
         path = folder / shard
         if not path.is_file():
-            raise ModelFileError(f"{index}: lists shard {shard}, which is missing from {folder}; download it")
+            raise ModelFileError(
+                f"{index}: lists shard {shard}, which is missing from {folder}; download it"
+            )
         found = read_safetensors_header(path)
         for name, where in weight_map.items():
             if where == shard:
                 if name not in found:
-                    raise ModelFileError(f"{path}: has no tensor {name!r}, which {index.name} places there")
+                    raise ModelFileError(
+                        f"{path}: has no tensor {name!r}, which {index.name} places there"
+                    )
                 entries[name] = found[name]
     return entries
 
@@ -441,15 +693,23 @@ def safetensors_files(folder: Path) -> dict[str, Path]:
     return {name: entry.path for name, entry in safetensors_entries(folder).items()}
 
 
-def load_hf_folder(folder: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None):
+def load_hf_folder(
+    folder: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None
+):
     """HF folder -> (params, config, tokenizer or None). Headers are checked before any read."""
     config = read_hf_config(folder)
     check_config(config)
     entries = safetensors_entries(folder)
-    prefix = "transformer." if config.family == "gpt2" and any(k.startswith("transformer.") for k in entries) else ""
+    prefix = (
+        "transformer."
+        if config.family == "gpt2" and any(k.startswith("transformer.") for k in entries)
+        else ""
+    )
     where = str(folder)
     check_tensors(config, "hf", {k: e.header for k, e in entries.items()}, where, prefix)
-    tokenizer = load_folder_tokenizer(folder)  # a broken tokenizer file fails before the weights load
+    tokenizer = load_folder_tokenizer(
+        folder
+    )  # a broken tokenizer file fails before the weights load
     handles: dict[Path, object] = {}
 
     def read(name: str) -> np.ndarray:
@@ -492,10 +752,18 @@ def _npz_headers(archive, path: Path) -> dict[str, TensorHeader]:
                 version = np.lib.format.read_magic(member)
                 if version not in ((1, 0), (2, 0)):
                     raise ValueError(f"unsupported .npy format version {version}")
-                read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
                 shape, _, dtype = read_header(member)
-        except Exception as err:  # NumPy's header parser raises ValueError, SyntaxError, TokenError, ...
-            raise ModelFileError(f"{path}: array {name!r} has an unreadable header ({err}); {NPZ_HINT}") from None
+        except (
+            Exception
+        ) as err:  # NumPy's header parser raises ValueError, SyntaxError, TokenError, ...
+            raise ModelFileError(
+                f"{path}: array {name!r} has an unreadable header ({err}); {NPZ_HINT}"
+            ) from None
         headers[name] = TensorHeader(tuple(int(d) for d in shape), str(dtype), dtype.kind == "f")
     return headers
 
@@ -511,7 +779,9 @@ def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = la
     try:
         archive = np.load(path, allow_pickle=False)
     except Exception as err:  # zipfile, NumPy and OS errors of every kind: the file is not an .npz
-        raise ModelFileError(f"{path}: unreadable .npz file ({type(err).__name__}: {err}); {NPZ_HINT}") from None
+        raise ModelFileError(
+            f"{path}: unreadable .npz file ({type(err).__name__}: {err}); {NPZ_HINT}"
+        ) from None
     if not isinstance(archive, np.lib.npyio.NpzFile):
         raise ModelFileError(f"{path}: holds a single array, not an .npz archive; {NPZ_HINT}")
     with archive:
@@ -524,9 +794,13 @@ def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = la
                 raise TypeError("not a JSON object")
             config = ModelConfig.from_dict({**cfg, "name": str(path)})
         except Exception as err:  # a damaged member fails in zipfile, NumPy or JSON
-            raise ModelFileError(f"{path}: bad config_json ({type(err).__name__}: {err}); {NPZ_HINT}") from None
+            raise ModelFileError(
+                f"{path}: bad config_json ({type(err).__name__}: {err}); {NPZ_HINT}"
+            ) from None
         if config.family != "gpt2":
-            raise ModelFileError(f"{path}: the .npz export holds gpt2 models, config says {config.family!r}")
+            raise ModelFileError(
+                f"{path}: the .npz export holds gpt2 models, config says {config.family!r}"
+            )
         check_config(config)
         del headers["config_json"]
         check_tensors(config, "npz", headers, str(path))
@@ -535,11 +809,16 @@ def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = la
             try:
                 return archive[name]
             except Exception as err:  # CRC mismatch, truncated member, ...
-                raise ModelFileError(f"{path}: cannot read array {name} ({type(err).__name__}: {err}); {NPZ_HINT}") from None
+                raise ModelFileError(
+                    f"{path}: cannot read array {name} ({type(err).__name__}: {err}); {NPZ_HINT}"
+                ) from None
 
         params = build_params(config, "npz", read, dtype, str(path))
     tokenizer = None
-    vocab, merges = path.with_name(f"{path.stem}.vocab.json"), path.with_name(f"{path.stem}.merges.txt")
+    vocab, merges = (
+        path.with_name(f"{path.stem}.vocab.json"),
+        path.with_name(f"{path.stem}.merges.txt"),
+    )
     if vocab.is_file() and merges.is_file():
         from cel_numpy.models.tokenizer import BPETokenizer
 

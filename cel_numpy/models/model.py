@@ -135,7 +135,9 @@ class Model:
         if not seqs:
             raise PromptError("empty batch: give at least one prompt")
         if any(len(s) == 0 for s in seqs):
-            raise PromptError("every prompt needs at least one token: an empty prompt has nothing to continue")
+            raise PromptError(
+                "every prompt needs at least one token: an empty prompt has nothing to continue"
+            )
         T = max(len(s) for s in seqs)
         ids = np.full((len(seqs), T), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(seqs), T), dtype=np.int64)
@@ -148,7 +150,9 @@ class Model:
         """ids as list of lists (padded here) or (B, T) array (mask of ones if not given)."""
         if isinstance(ids, np.ndarray):
             if ids.ndim != 2:
-                raise ValueError(f"ids must be a (B, T) batch, got shape {ids.shape}: wrap one prompt as [ids]")
+                raise ValueError(
+                    f"ids must be a (B, T) batch, got shape {ids.shape}: wrap one prompt as [ids]"
+                )
             if attention_mask is None:
                 attention_mask = np.ones(ids.shape, dtype=np.int64)
             return ids, np.asarray(attention_mask)
@@ -171,14 +175,20 @@ class Model:
         mask = np.ones((L, H), dtype=self.dtype)
         heads = list(ablate)
         if len(heads) == 2 and all(isinstance(x, (int, np.integer)) for x in heads):
-            raise InvalidHeadError(f"ablate takes a list of (layer, head) pairs: write [{tuple(heads)}]")
+            raise InvalidHeadError(
+                f"ablate takes a list of (layer, head) pairs: write [{tuple(heads)}]"
+            )
         for head in heads:
             try:
                 layer, h = (int(x) for x in head)
             except (TypeError, ValueError):
-                raise InvalidHeadError(f"ablate entries must be (layer, head) pairs, got {head!r}") from None
+                raise InvalidHeadError(
+                    f"ablate entries must be (layer, head) pairs, got {head!r}"
+                ) from None
             if not (0 <= layer < L and 0 <= h < H):
-                raise InvalidHeadError(f"head ({layer}, {h}) out of range: model has {L} layers x {H} heads (0-based)")
+                raise InvalidHeadError(
+                    f"head ({layer}, {h}) out of range: model has {L} layers x {H} heads (0-based)"
+                )
             mask[layer, h] = 0
         return mask if not np.all(mask == 1) else None
 
@@ -192,7 +202,10 @@ class Model:
         total = np.zeros((c.n_layers, c.n_heads, c.d_head), dtype=np.float64)
         count = 0
         for start in range(0, ids.shape[0], batch_size):
-            chunk_ids, chunk_mask = ids[start : start + batch_size], mask[start : start + batch_size]
+            chunk_ids, chunk_mask = (
+                ids[start : start + batch_size],
+                mask[start : start + batch_size],
+            )
             inputs = prepare_inputs(c, chunk_mask, chunk_ids.shape[1], self.dtype)
             x = embed(self.params, c, chunk_ids, inputs.positions)  # (B, T, D)
             valid = chunk_mask.astype(self.dtype)  # (B, T)
@@ -212,7 +225,9 @@ class Model:
             return None, None
         return head_mask, self.ablation_fill(ablation, reference, mean_z)
 
-    def ablation_fill(self, ablation: str = "zero", reference=None, mean_z=None) -> np.ndarray | None:
+    def ablation_fill(
+        self, ablation: str = "zero", reference=None, mean_z=None
+    ) -> np.ndarray | None:
         """What a removed head's z becomes: None (zero ablation) or mean_z (L, H, E) (mean)."""
         if ablation not in ABLATIONS:
             raise UserError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
@@ -220,11 +235,15 @@ class Model:
             return None
         if mean_z is None:
             if reference is None:
-                raise UserError("mean ablation needs reference=... (token ids of a reference batch) or mean_z=...")
+                raise UserError(
+                    "mean ablation needs reference=... (token ids of a reference batch) or mean_z=..."
+                )
             mean_z = self.mean_z(reference)
         c = self.config
         if np.shape(mean_z) != (c.n_layers, c.n_heads, c.d_head):
-            raise ValueError(f"mean_z must be (L, H, E) = {(c.n_layers, c.n_heads, c.d_head)}, got {np.shape(mean_z)}")
+            raise ValueError(
+                f"mean_z must be (L, H, E) = {(c.n_layers, c.n_heads, c.d_head)}, got {np.shape(mean_z)}"
+            )
         return np.asarray(mean_z, dtype=self.dtype)
 
     # ------------------------------------------------------------------ forward
@@ -235,14 +254,24 @@ class Model:
         """logits (B, T, V) and every activation by name (see ForwardCache.names())."""
         ids, mask = self.as_batch(ids, attention_mask)
         head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
-        return transformer_forward(self.params, self.config, ids, mask, head_mask=head_mask, head_fill=head_fill)
+        return transformer_forward(
+            self.params, self.config, ids, mask, head_mask=head_mask, head_fill=head_fill
+        )
 
-    def logits(self, ids, attention_mask=None, *, ablate=None, ablation="zero", reference=None, mean_z=None):
+    def logits(
+        self, ids, attention_mask=None, *, ablate=None, ablation="zero", reference=None, mean_z=None
+    ):
         """ids (B, T) or list of id lists -> logits (B, T, V) in the model dtype."""
         ids, mask = self.as_batch(ids, attention_mask)
         head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
         logits, _ = transformer_forward(
-            self.params, self.config, ids, mask, head_mask=head_mask, head_fill=head_fill, keep_activations=False
+            self.params,
+            self.config,
+            ids,
+            mask,
+            head_mask=head_mask,
+            head_fill=head_fill,
+            keep_activations=False,
         )
         return logits
 
@@ -259,7 +288,15 @@ class Model:
     # ------------------------------------------------------------------ gradients
 
     def loss_and_grads(
-        self, ids, targets, attention_mask=None, *, head_mask=None, ablation="zero", reference=None, mean_z=None
+        self,
+        ids,
+        targets,
+        attention_mask=None,
+        *,
+        head_mask=None,
+        ablation="zero",
+        reference=None,
+        mean_z=None,
     ) -> tuple[float, dict]:
         """Mean next-token cross-entropy over the scored positions, and its gradients.
 
@@ -291,13 +328,17 @@ class Model:
             head_mask = np.ones((c.n_layers, c.n_heads))
         head_mask = np.asarray(head_mask, dtype=self.dtype)
         if head_mask.shape != (c.n_layers, c.n_heads):
-            raise InvalidHeadError(f"head_mask must be (L, H) = {(c.n_layers, c.n_heads)}, got {head_mask.shape}")
+            raise InvalidHeadError(
+                f"head_mask must be (L, H) = {(c.n_layers, c.n_heads)}, got {head_mask.shape}"
+            )
         head_fill = self.ablation_fill(ablation, reference, mean_z)  # (L, H, E) or None
         logits, cache = transformer_forward(
             self.params, c, batch, mask, head_mask=head_mask, head_fill=head_fill
         )  # (B, T, V)
         loss, dlogits = cross_entropy_loss(logits, targets)
-        grads, dhead_mask = transformer_backward(dlogits, self.params, c, cache, batch, head_fill=head_fill)
+        grads, dhead_mask = transformer_backward(
+            dlogits, self.params, c, cache, batch, head_fill=head_fill
+        )
         grads["head_mask"] = dhead_mask
         return loss, grads
 
@@ -349,7 +390,9 @@ class Model:
             past = cache.kv if use_cache else None
         return new
 
-    def generate(self, text: str | Sequence[str], max_new_tokens: int = 16, **kwargs) -> str | list[str]:
+    def generate(
+        self, text: str | Sequence[str], max_new_tokens: int = 16, **kwargs
+    ) -> str | list[str]:
         """Greedy continuation of a prompt (or of each prompt in a list); returns the new text only."""
         tok = self._require_tokenizer()
         prompts = [text] if isinstance(text, str) else list(text)

@@ -229,9 +229,16 @@ class BPETokenizer:
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.add_bos = add_bos
         self._id_to_token = _invert_vocab(self._vocab)
-        for label, idx in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id), ("unk_id", unk_id)):
+        for label, idx in (
+            ("bos_id", bos_id),
+            ("eos_id", eos_id),
+            ("pad_id", pad_id),
+            ("unk_id", unk_id),
+        ):
             if idx is not None and not (isinstance(idx, int) and 0 <= idx < len(self._id_to_token)):
-                raise TokenizerError(f"{label} {idx!r} is not a token id (vocabulary size {len(self._id_to_token)})")
+                raise TokenizerError(
+                    f"{label} {idx!r} is not a token id (vocabulary size {len(self._id_to_token)})"
+                )
         self._id_bytes = [_token_bytes(t) if t is not None else b"" for t in self._id_to_token]
         for content, idx in self._special.items():
             self._id_bytes[idx] = content.encode("utf-8")
@@ -240,7 +247,9 @@ class BPETokenizer:
         self._missing_chars = frozenset(bytes_to_unicode()[b] for b in self.missing_bytes)
         self._check_merges()
         # per-instance LRU cache: piece (str) -> token ids (tuple)
-        self._encode_piece = functools.lru_cache(maxsize=PIECE_CACHE_SIZE)(self._encode_piece_uncached)
+        self._encode_piece = functools.lru_cache(maxsize=PIECE_CACHE_SIZE)(
+            self._encode_piece_uncached
+        )
 
     # ------------------------------------------------------------------ public API
 
@@ -367,7 +376,8 @@ class BPETokenizer:
         special = _hf_added_tokens(spec.get("added_tokens") or [], path)
         config = _read_tokenizer_config(path.with_name("tokenizer_config.json"))
         bos, eos, pad = (
-            _token_id(config.get(k), vocab, special) for k in ("bos_token", "eos_token", "pad_token")
+            _token_id(config.get(k), vocab, special)
+            for k in ("bos_token", "eos_token", "pad_token")
         )
         template_bos = _template_bos(spec.get("post_processor"), vocab, special)
         add_bos = config.get("add_bos_token", template_bos is not None)
@@ -391,7 +401,9 @@ class BPETokenizer:
             raise TokenizerError(
                 f"GGUF tokenizer.ggml.model is {model!r}; only 'gpt2' (byte-level BPE) is supported"
             )
-        pre_name = gguf_field(reader, "tokenizer.ggml.pre", default="gpt2")  # older files: GPT-2 rules
+        pre_name = gguf_field(
+            reader, "tokenizer.ggml.pre", default="gpt2"
+        )  # older files: GPT-2 rules
         if pre_name not in GGUF_PRE:
             raise TokenizerError(
                 f"GGUF tokenizer.ggml.pre {pre_name!r} is not supported (known: {', '.join(GGUF_PRE)})"
@@ -399,7 +411,8 @@ class BPETokenizer:
         tokens = gguf_field(reader, "tokenizer.ggml.tokens")
         types = gguf_field(reader, "tokenizer.ggml.token_type", default=[1] * len(tokens))
         merges = [
-            _split_merge(m, "GGUF tokenizer.ggml.merges") for m in gguf_field(reader, "tokenizer.ggml.merges")
+            _split_merge(m, "GGUF tokenizer.ggml.merges")
+            for m in gguf_field(reader, "tokenizer.ggml.merges")
         ]
         vocab = {tok: i for i, tok in enumerate(tokens)}
         special = {tok: i for i, (tok, kind) in enumerate(zip(tokens, types)) if kind in (3, 4)}
@@ -519,7 +532,9 @@ def _invert_vocab(vocab: dict[str, int]) -> list[str | None]:
     if not all(isinstance(idx, int) and not isinstance(idx, bool) for idx in vocab.values()):
         raise TokenizerError("vocabulary ids must be integers")
     if max(vocab.values()) > 16 * len(vocab) + 1024:
-        raise TokenizerError(f"token id {max(vocab.values())} is far beyond the {len(vocab)} tokens of the vocabulary")
+        raise TokenizerError(
+            f"token id {max(vocab.values())} is far beyond the {len(vocab)} tokens of the vocabulary"
+        )
     table: list[str | None] = [None] * (max(vocab.values()) + 1)
     for token, idx in vocab.items():
         if idx < 0:
@@ -563,7 +578,9 @@ def _hf_model(model: dict | None, path: Path) -> tuple[dict[str, int], list[tupl
     """
     kind = (model or {}).get("type")
     if kind != "BPE":
-        raise TokenizerError(f"{path}: unsupported tokenizer model type {kind!r} (only byte-level 'BPE')")
+        raise TokenizerError(
+            f"{path}: unsupported tokenizer model type {kind!r} (only byte-level 'BPE')"
+        )
     for option in ("continuing_subword_prefix", "end_of_word_suffix", "byte_fallback", "dropout"):
         if model.get(option):
             raise TokenizerError(f"{path}: unsupported BPE option {option}={model[option]!r}")
@@ -589,7 +606,9 @@ def _hf_pre_tokenizer(spec: dict | None, path: Path) -> tuple[PreTokenizeStep, .
     """Our steps for a tokenizer.json pre_tokenizer; ByteLevel must appear (byte-level BPE)."""
     steps = _hf_pre_steps(spec, path)
     if not _has_byte_level(spec):
-        raise TokenizerError(f"{path}: pre_tokenizer has no ByteLevel step; not a byte-level BPE tokenizer")
+        raise TokenizerError(
+            f"{path}: pre_tokenizer has no ByteLevel step; not a byte-level BPE tokenizer"
+        )
     return steps
 
 
@@ -610,7 +629,9 @@ def _hf_pre_steps(spec: dict | None, path: Path) -> tuple[PreTokenizeStep, ...]:
     if kind == "Sequence":
         return tuple(step for s in spec.get("pretokenizers", []) for step in _hf_pre_steps(s, path))
     if kind == "ByteLevel":
-        steps: tuple[PreTokenizeStep, ...] = (PrefixSpace(),) if spec.get("add_prefix_space") else ()
+        steps: tuple[PreTokenizeStep, ...] = (
+            (PrefixSpace(),) if spec.get("add_prefix_space") else ()
+        )
         return steps + (GPT2_PRE if spec.get("use_regex", True) else ())
     if kind == "Digits":
         return (RegexSplit(DIGIT_PATTERN if spec.get("individual_digits") else DIGITS_PATTERN),)

@@ -31,7 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cel_numpy.attention import AttentionCache, Rotary, attention_forward, padded_causal_mask, rotary_tables
+from cel_numpy.attention import (
+    AttentionCache,
+    Rotary,
+    attention_forward,
+    padded_causal_mask,
+    rotary_tables,
+)
 from cel_numpy.errors import PromptError
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.ops import gelu_forward, layer_norm_forward, rms_norm_forward, silu_forward
@@ -117,7 +123,9 @@ def prepare_inputs(config: ModelConfig, attention_mask: np.ndarray, T: int, dtyp
 def embed(params: dict, config: ModelConfig, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """ids (B, T) int -> x (B, T, D): token embedding (+ learned position embedding for gpt2)."""
     if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
-        raise ValueError(f"token ids must be in [0, {config.vocab_size}), got range [{ids.min()}, {ids.max()}]")
+        raise ValueError(
+            f"token ids must be in [0, {config.vocab_size}), got range [{ids.min()}, {ids.max()}]"
+        )
     x = params["embed"]["W_E"][ids]  # (B, T, D)
     if config.family == "gpt2":
         x = x + params["pos_embed"]["W_pos"][positions]  # (B, T, D)
@@ -244,7 +252,9 @@ def blocks_forward(
         hm = fill = None
         if head_mask is not None and not np.all(head_mask[layer] == 1):
             hm = head_mask[layer].astype(dtype, copy=False)  # (H,)
-            fill = None if head_fill is None else head_fill[layer].astype(dtype, copy=False)  # (H, E)
+            fill = (
+                None if head_fill is None else head_fill[layer].astype(dtype, copy=False)
+            )  # (H, E)
         x, cache = block_forward(
             params["blocks"][layer],
             x,
@@ -312,7 +322,9 @@ class ForwardCache:
     inputs: ForwardInputs
     attention_mask: np.ndarray  # (B, S)
     blocks: list[BlockCache]  # one per layer; empty when keep_activations=False
-    kv: list[tuple[np.ndarray, np.ndarray]]  # per layer (k, v), each (B, G, S, E): next call's `past`
+    kv: list[
+        tuple[np.ndarray, np.ndarray]
+    ]  # per layer (k, v), each (B, G, S, E): next call's `past`
     ln_final_out: np.ndarray | None  # (B, T', D) the normed positions that were unembedded
     logits: np.ndarray  # (B, T', V)
 
@@ -327,7 +339,12 @@ class ForwardCache:
         if name in top:
             return top[name]
         parts = name.split(".", 2)
-        if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
+        if (
+            len(parts) == 3
+            and parts[0] == "blocks"
+            and parts[1].isdigit()
+            and parts[2] in _BLOCK_NAMES
+        ):
             layer = int(parts[1])
             if not self.blocks:
                 raise KeyError(f"{name}: activations were not kept (keep_activations=False)")
@@ -381,12 +398,16 @@ def transformer_forward(
         attention_mask = np.ones((B, n_past + T), dtype=np.int64)
     attention_mask = np.asarray(attention_mask)
     if attention_mask.shape != (B, n_past + T):
-        raise ValueError(f"attention_mask must be (B, S_past + T) = {(B, n_past + T)}, got {attention_mask.shape}")
+        raise ValueError(
+            f"attention_mask must be (B, S_past + T) = {(B, n_past + T)}, got {attention_mask.shape}"
+        )
     L, H = config.n_layers, config.n_heads
     if head_mask is not None and np.shape(head_mask) != (L, H):
         raise ValueError(f"head_mask must be (L, H) = {(L, H)}, got {np.shape(head_mask)}")
     if head_fill is not None and np.shape(head_fill) != (L, H, config.d_head):
-        raise ValueError(f"head_fill must be (L, H, E) = {(L, H, config.d_head)}, got {np.shape(head_fill)}")
+        raise ValueError(
+            f"head_fill must be (L, H, E) = {(L, H, config.d_head)}, got {np.shape(head_fill)}"
+        )
     dtype = params_dtype(params)
     inputs = prepare_inputs(config, attention_mask, T, dtype)
     x0 = embed(params, config, ids, inputs.positions)  # (B, T, D)

@@ -23,7 +23,15 @@ from cel_numpy.tasks.template import TemplateTask
 
 TASKS: dict[str, Task] = {
     task.name: task
-    for task in (Arithmetic(), Arithmetic(n_shots=2), IndirectObject(), GreaterThan(), capitals(), antonyms(), Agreement())
+    for task in (
+        Arithmetic(),
+        Arithmetic(n_shots=2),
+        IndirectObject(),
+        GreaterThan(),
+        capitals(),
+        antonyms(),
+        Agreement(),
+    )
 }
 
 

@@ -91,7 +91,9 @@ class Arithmetic(TemplateTask):
             return _n_values(n) * (_n_values(n) + 1) // 2
         if kind == "comp":
             return 10**3 * len(COMPOSITE_OPS) ** 2
-        raise ValueError(f"arithmetic has no subtask {subtask!r}; known: {', '.join(self.subtasks)}")
+        raise ValueError(
+            f"arithmetic has no subtask {subtask!r}; known: {', '.join(self.subtasks)}"
+        )
 
     def _question(self, subtask: str, index: int) -> tuple[str, str]:
         """(prompt, answer) of the index-th question of the full zero-shot space."""

@@ -29,7 +29,9 @@ class Item:
     subtask: str
     prompt: str  # text fed to the model, without the answer
     answer: str  # the expected answer (for "choice": one of `choices`)
-    choices: tuple[str, ...] = ()  # candidate continuations for "choice" scoring (with leading space if any)
+    choices: tuple[
+        str, ...
+    ] = ()  # candidate continuations for "choice" scoring (with leading space if any)
 
     @property
     def id(self) -> str:

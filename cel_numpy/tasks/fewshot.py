@@ -68,7 +68,9 @@ class FewShotLookup(TemplateTask):
     scoring = "generate"
     subtasks = ("lookup",)
 
-    def __init__(self, name: str, pairs: tuple, separator: str, both_directions: bool, max_new_tokens: int):
+    def __init__(
+        self, name: str, pairs: tuple, separator: str, both_directions: bool, max_new_tokens: int
+    ):
         self.name = name
         self.pairs = pairs
         self.separator = separator  # between key and value, e.g. ":" or " ->"; a space follows it

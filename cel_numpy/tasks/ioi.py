@@ -48,5 +48,9 @@ class IndirectObject(TemplateTask):
         index, t = divmod(index, len(TEMPLATES))
         p, o = divmod(index, len(OBJECTS))
         first, second = (NAMES[io], NAMES[s]) if subtask == "ABBA" else (NAMES[s], NAMES[io])
-        prompt = TEMPLATES[t].format(A=first, B=second, S=NAMES[s], place=PLACES[p], object=OBJECTS[o])
-        return Item(self.name, subtask, prompt, answer=" " + NAMES[io], choices=(" " + first, " " + second))
+        prompt = TEMPLATES[t].format(
+            A=first, B=second, S=NAMES[s], place=PLACES[p], object=OBJECTS[o]
+        )
+        return Item(
+            self.name, subtask, prompt, answer=" " + NAMES[io], choices=(" " + first, " " + second)
+        )

@@ -37,11 +37,15 @@ def _shares(n: int, k: int, start: int) -> list[int]:
     return counts
 
 
-def make_panels(task: Task, n_discovery: int, n_heldout: int, seed: int) -> tuple[list[Item], list[Item]]:
+def make_panels(
+    task: Task, n_discovery: int, n_heldout: int, seed: int
+) -> tuple[list[Item], list[Item]]:
     """(discovery, heldout): n_discovery and n_heldout distinct items, no item in both."""
     for label, n in (("n_discovery", n_discovery), ("n_heldout", n_heldout)):
         if not isinstance(n, (int, np.integer)) or n < 1:
-            raise OptionError(f"{label} must be a positive integer, got {n!r}: an empty panel measures nothing")
+            raise OptionError(
+                f"{label} must be a positive integer, got {n!r}: an empty panel measures nothing"
+            )
     rng = np.random.default_rng(seed)
     if isinstance(task, TemplateTask):
         discovery, heldout = _template_panels(task, int(n_discovery), int(n_heldout), rng)
@@ -49,7 +53,9 @@ def make_panels(task: Task, n_discovery: int, n_heldout: int, seed: int) -> tupl
         discovery, heldout = _sampled_panels(task, int(n_discovery), int(n_heldout), rng)
     ids_d, ids_h = [it.id for it in discovery], [it.id for it in heldout]
     assert len(discovery) == n_discovery and len(heldout) == n_heldout, "panel size mismatch"
-    assert len(set(ids_d)) == len(ids_d) and len(set(ids_h)) == len(ids_h), "duplicate item inside a panel"
+    assert len(set(ids_d)) == len(ids_d) and len(set(ids_h)) == len(ids_h), (
+        "duplicate item inside a panel"
+    )
     assert not set(ids_d) & set(ids_h), "discovery and held-out panels share an item"
     return discovery, heldout
 

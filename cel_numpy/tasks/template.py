@@ -51,7 +51,9 @@ class TemplateTask:
 
     def _check_index(self, subtask: str, index: int) -> None:
         if subtask not in self.subtasks:
-            raise ValueError(f"task {self.name!r} has no subtask {subtask!r}; known: {', '.join(self.subtasks)}")
+            raise ValueError(
+                f"task {self.name!r} has no subtask {subtask!r}; known: {', '.join(self.subtasks)}"
+            )
         size = self.space_size(subtask)
         if not 0 <= index < size:
             raise IndexError(f"{self.name}/{subtask}: index {index} outside [0, {size})")

@@ -23,7 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cel_numpy.theory.data import C_TYPE, S_TYPE, TASK_A, TASK_B, Batch, WorldConfig, feature_directions, sample_batch
+from cel_numpy.theory.data import (
+    C_TYPE,
+    S_TYPE,
+    TASK_A,
+    TASK_B,
+    Batch,
+    WorldConfig,
+    feature_directions,
+    sample_batch,
+)
 from cel_numpy.theory.model import loss_of, mse_forward, readout, theory_forward
 
 # --------------------------------------------------------------------------- closed forms
@@ -88,7 +97,9 @@ def concentration(c_loading: np.ndarray) -> float:
     return float(mag.max() / total)
 
 
-def integrated_task_losses(params: dict, batch: Batch, head_mask: np.ndarray | None = None) -> tuple[float, float]:
+def integrated_task_losses(
+    params: dict, batch: Batch, head_mask: np.ndarray | None = None
+) -> tuple[float, float]:
     """(task-A loss, task-B loss) with the contents z integrated out exactly; types from `batch`.
 
     For fixed types, y_hat = sum_i u_i . z_i with u_i = sum_h m_h a[h, i] V_h (m,), so with
@@ -151,7 +162,9 @@ class Ablation:
         }
 
 
-def task_losses(params: dict, data: HeldOut, head_mask: np.ndarray | None = None) -> tuple[float, float]:
+def task_losses(
+    params: dict, data: HeldOut, head_mask: np.ndarray | None = None
+) -> tuple[float, float]:
     """(task-A loss, task-B loss) on the held-out samples, with an optional head mask (H,)."""
     return loss_of(params, data.a, head_mask), loss_of(params, data.b, head_mask)
 
@@ -169,7 +182,9 @@ def ablate(params: dict, data: HeldOut, head_sets) -> list[Ablation]:
     z_a, z_b = cache_a.head_mask.z, cache_b.head_mask.z  # (B, H, 1, 1) intact per-head outputs
 
     def losses(mask: np.ndarray) -> tuple[float, float]:
-        return mse_forward(readout(z_a, mask)[0], data.a.y)[0], mse_forward(readout(z_b, mask)[0], data.b.y)[0]
+        return mse_forward(readout(z_a, mask)[0], data.a.y)[0], mse_forward(
+            readout(z_b, mask)[0], data.b.y
+        )[0]
 
     intact_a, intact_b = losses(np.ones(H))
     out = []
@@ -186,7 +201,11 @@ def ablate(params: dict, data: HeldOut, head_sets) -> list[Ablation]:
 
 def head_subsets(n_heads: int, max_size: int) -> list[tuple]:
     """Every non-empty subset of heads of size <= max_size, smaller sets first."""
-    return [s for k in range(1, min(max_size, n_heads) + 1) for s in itertools.combinations(range(n_heads), k)]
+    return [
+        s
+        for k in range(1, min(max_size, n_heads) + 1)
+        for s in itertools.combinations(range(n_heads), k)
+    ]
 
 
 def single_ablations(params: dict, data: HeldOut) -> list[Ablation]:

@@ -20,18 +20,47 @@ def register(subparsers) -> None:
         description="Train the two-task theory model (DESIGN.md section 3), compare with the closed forms, "
         "measure the concentration of the c-feature, and ablate every head and head set up to size 3.",
     )
-    p.add_argument("--heads", type=int, default=d.n_heads, help=f"number of heads H (default {d.n_heads})")
-    p.add_argument("--p-a", type=float, default=d.p_a, help=f"probability of task A (default {d.p_a})")
-    p.add_argument("--init", type=float, default=d.init_scale, help=f"init scale sigma0 (default {d.init_scale})")
+    p.add_argument(
+        "--heads", type=int, default=d.n_heads, help=f"number of heads H (default {d.n_heads})"
+    )
+    p.add_argument(
+        "--p-a", type=float, default=d.p_a, help=f"probability of task A (default {d.p_a})"
+    )
+    p.add_argument(
+        "--init",
+        type=float,
+        default=d.init_scale,
+        help=f"init scale sigma0 (default {d.init_scale})",
+    )
     p.add_argument("--steps", type=int, default=d.steps, help=f"gradient steps (default {d.steps})")
     p.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr})")
-    p.add_argument("--batch", type=int, default=d.batch_size, help=f"batch size (default {d.batch_size})")
+    p.add_argument(
+        "--batch", type=int, default=d.batch_size, help=f"batch size (default {d.batch_size})"
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    p.add_argument("--eval-samples", type=int, default=50_000, help="fresh held-out samples per task (default 50000)")
+    p.add_argument(
+        "--eval-samples",
+        type=int,
+        default=50_000,
+        help="fresh held-out samples per task (default 50000)",
+    )
     p.add_argument("--out", default="runs/theory", help="output directory (default runs/theory)")
-    p.add_argument("--sweep-init", action="store_true", help="sweep init scales x seeds; plot concentration vs init")
-    p.add_argument("--sweep-scales", default=DEFAULT_SWEEP_SCALES, help="comma-separated init scales for --sweep-init")
-    p.add_argument("--sweep-seeds", type=int, default=3, help="seeds per init scale for --sweep-init (default 3)")
+    p.add_argument(
+        "--sweep-init",
+        action="store_true",
+        help="sweep init scales x seeds; plot concentration vs init",
+    )
+    p.add_argument(
+        "--sweep-scales",
+        default=DEFAULT_SWEEP_SCALES,
+        help="comma-separated init scales for --sweep-init",
+    )
+    p.add_argument(
+        "--sweep-seeds",
+        type=int,
+        default=3,
+        help="seeds per init scale for --sweep-init (default 3)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=main)
 
@@ -74,7 +103,9 @@ def format_table(summary: dict) -> str:
         f"{'task A':8s} {tl['a']:9.4f} {cf['a']:12.4f}",
         f"{'task B':8s} {tl['b']:9.4f} {cf['b']:12.4f}",
         f"joint loss with z integrated exactly: {summary['joint_loss_integrated']:.4f}"
-        f" ({summary['joint_loss_integrated'] / cf['joint'] - 1:+.2%} vs closed form)" if cf["joint"] > 0 else "",
+        f" ({summary['joint_loss_integrated'] / cf['joint'] - 1:+.2%} vs closed form)"
+        if cf["joint"] > 0
+        else "",
         f"concentration index: {summary['concentration']:.3f} (c-feature head: {summary['c_head']})",
         "",
         f"{'head':>4s} {'c-loading':>10s} {'s-loading':>10s} {'ablate dA':>10s} {'ablate dB':>10s}",
@@ -102,12 +133,18 @@ def main(args: argparse.Namespace) -> int:
 
         scales = _parse_scales(args.sweep_scales)
         if args.sweep_seeds < 1:
-                    raise OptionError(f"--sweep-seeds must be >= 1, got {args.sweep_seeds}")
+            raise OptionError(f"--sweep-seeds must be >= 1, got {args.sweep_seeds}")
         seeds = list(range(args.seed, args.seed + args.sweep_seeds))
-        records = sweep_init(config, scales, seeds, eval_samples=args.eval_samples, progress=progress)
-        (out / "sweep.json").write_text(json.dumps({"config": config.to_dict(), "runs": records}, indent=2) + "\n")
+        records = sweep_init(
+            config, scales, seeds, eval_samples=args.eval_samples, progress=progress
+        )
+        (out / "sweep.json").write_text(
+            json.dumps({"config": config.to_dict(), "runs": records}, indent=2) + "\n"
+        )
         plots.plot_concentration_vs_init(records, out / "concentration_vs_init.png")
-        print(f"{'init':>8s} {'seed':>4s} {'conc.':>6s} {'joint':>7s} {'c-head dA':>10s} {'c-head dB':>10s}")
+        print(
+            f"{'init':>8s} {'seed':>4s} {'conc.':>6s} {'joint':>7s} {'c-head dA':>10s} {'c-head dB':>10s}"
+        )
         for r in records:
             print(
                 f"{r['init_scale']:8.0e} {r['seed']:4d} {r['concentration']:6.3f} {r['joint_loss']:7.4f}"
@@ -116,7 +153,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {out / 'sweep.json'} and {out / 'concentration_vs_init.png'}")
         return 0
     if progress:
-        print(f"training H={config.n_heads} p_A={config.p_a} init={config.init_scale} for {config.steps} steps", file=sys.stderr)
+        print(
+            f"training H={config.n_heads} p_A={config.p_a} init={config.init_scale} for {config.steps} steps",
+            file=sys.stderr,
+        )
     summary = run_theory(config, args.seed, out, eval_samples=args.eval_samples, progress=progress)
     print(format_table(summary))
     print(f"wrote {out / 'summary.json'}, params.npz and figures in {out}")

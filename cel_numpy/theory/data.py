@@ -39,9 +39,13 @@ class WorldConfig:
         if self.n_tokens < 2:
             raise ValueError(f"n_tokens must be >= 2 (one s and one c token), got {self.n_tokens}")
         if self.n_types < 3:
-            raise ValueError(f"n_types must be >= 3 (s, c and at least one noise type), got {self.n_types}")
+            raise ValueError(
+                f"n_types must be >= 3 (s, c and at least one noise type), got {self.n_types}"
+            )
         if self.d_content < 2:
-            raise ValueError(f"d_content must be >= 2 (w_s and w_c are e_0 and e_1), got {self.d_content}")
+            raise ValueError(
+                f"d_content must be >= 2 (w_s and w_c are e_0 and e_1), got {self.d_content}"
+            )
         if not 0.0 <= self.p_a <= 1.0:
             raise ValueError(f"p_a must lie in [0, 1], got {self.p_a}")
 
@@ -64,7 +68,9 @@ class Batch:
         return self.types.shape[0]
 
 
-def sample_batch(rng: np.random.Generator, world: WorldConfig, batch_size: int, task: int | None = None) -> Batch:
+def sample_batch(
+    rng: np.random.Generator, world: WorldConfig, batch_size: int, task: int | None = None
+) -> Batch:
     """Draw `batch_size` fresh sequences; task=None mixes A and B with p_A, else all from `task`."""
     B, N, T, m = batch_size, world.n_tokens, world.n_types, world.d_content
     types = rng.integers(2, T, size=(B, N))  # (B, N) noise types

@@ -35,7 +35,9 @@ EVAL_SAMPLES = 50_000  # fresh held-out samples per task for the final losses an
 MAX_JOINT_SIZE = 3  # exhaustive joint ablations over all head subsets up to this size
 
 
-def analyse(params: dict, config: TrainConfig, rng: np.random.Generator, n_samples: int = EVAL_SAMPLES) -> dict:
+def analyse(
+    params: dict, config: TrainConfig, rng: np.random.Generator, n_samples: int = EVAL_SAMPLES
+) -> dict:
     """Losses, closed forms, loadings, concentration and ablations on fresh held-out samples.
 
     Returns a JSON-ready dict (see `run_theory` for the keys). Ablation deltas are paired:
@@ -89,7 +91,9 @@ def check_writable(out_dir: str | os.PathLike) -> Path:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise PermissionError(f"cannot write to output directory {str(out)!r}: {err.strerror or err}") from None
+        raise PermissionError(
+            f"cannot write to output directory {str(out)!r}: {err.strerror or err}"
+        ) from None
     return out
 
 
@@ -169,7 +173,9 @@ def sweep_init(
     records = []
     for scale in init_scales:
         for seed in seeds:
-            cfg = replace(config, init_scale=float(scale), log_every=config.steps)  # no per-step log needed
+            cfg = replace(
+                config, init_scale=float(scale), log_every=config.steps
+            )  # no per-step log needed
             s = run_theory(cfg, seed, None, eval_samples=eval_samples)
             c_head = s["heads"][s["c_head"]]
             records.append(

@@ -44,11 +44,13 @@ class TrainConfig:
             raise ValueError(f"init_scale must be > 0, got {self.init_scale}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        self.world  # validates the world sizes and p_a
+        _ = self.world  # validates the world sizes and p_a
 
     @property
     def world(self) -> WorldConfig:
-        return WorldConfig(n_tokens=self.n_tokens, n_types=self.n_types, d_content=self.d_content, p_a=self.p_a)
+        return WorldConfig(
+            n_tokens=self.n_tokens, n_types=self.n_types, d_content=self.d_content, p_a=self.p_a
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,9 +79,7 @@ class TrainResult:
     config: TrainConfig
 
 
-def train(
-    config: TrainConfig, rng: np.random.Generator, progress: bool = False
-) -> TrainResult:
+def train(config: TrainConfig, rng: np.random.Generator, progress: bool = False) -> TrainResult:
     """Initialise K, V ~ N(0, sigma0^2) and run `config.steps` steps of plain gradient descent.
 
     Every step draws a fresh batch of `config.batch_size` samples from the task mixture.
@@ -90,7 +90,9 @@ def train(
 
     world = config.world
     init_rng, batch_rng, log_rng = rng.spawn(3)
-    params = init_params(init_rng, config.n_heads, config.n_types, config.d_content, config.init_scale)
+    params = init_params(
+        init_rng, config.n_heads, config.n_types, config.d_content, config.init_scale
+    )
     log = TrainLog()
     tenth = max(1, config.steps // 10)
 
@@ -111,11 +113,17 @@ def train(
         batch = sample_batch(batch_rng, world, config.batch_size)
         loss, grads = loss_and_grads(params, batch)
         if not np.isfinite(loss):
-            raise FloatingPointError(f"training diverged at step {step} (loss {loss}); try a smaller lr")
+            raise FloatingPointError(
+                f"training diverged at step {step} (loss {loss}); try a smaller lr"
+            )
         for name in params:
             params[name] -= config.lr * grads[name]
         if step % config.log_every == 0 or step == config.steps:
             record(step)
         if progress and (step % tenth == 0 or step == config.steps):
-            print(f"  step {step:6d}/{config.steps}  batch loss {loss:.4f}", file=sys.stderr, flush=True)
+            print(
+                f"  step {step:6d}/{config.steps}  batch loss {loss:.4f}",
+                file=sys.stderr,
+                flush=True,
+            )
     return TrainResult(params=params, log=log, config=config)
