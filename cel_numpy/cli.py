@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_theory(sub)
     register_models(sub)
     register_localize(sub)
-    register_demo(sub)
+    register_demo(sub, run_command=main)
     for p in sub.choices.values():  # `cel-numpy localize ... --debug` works too
         p.add_argument(
             "--debug",

@@ -26,7 +26,8 @@ DEMO_WORKERS = 2
 DEMO_PROMPT = "The capital of France is"
 
 
-def register(subparsers) -> None:
+def register(subparsers, run_command) -> None:
+    """Add `demo`; run_command(argv) -> exit status runs one `cel-numpy` command (the CLI's main)."""
     p = subparsers.add_parser(
         "demo", help="what `make demo` runs: theory, a small SmolLM2 localization, generation"
     )
@@ -55,14 +56,12 @@ def register(subparsers) -> None:
     p.add_argument(
         "--theory-only", action="store_true", help="skip the SmolLM2 steps (no download)"
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, run_command=run_command)
 
 
-def _step(title: str, argv: list[str]) -> None:
-    from cel_numpy.cli import main
-
+def _step(run_command, title: str, argv: list[str]) -> None:
     print(f"\n=== {title}\n$ cel-numpy {shlex.join(argv)}", flush=True)
-    status = main(argv)
+    status = run_command(argv)
     if status:
         raise SystemExit(status)
 
@@ -73,6 +72,7 @@ def run(args) -> int:
     out = Path(args.out)
     prepare_out(out)  # fails in one line, before any work, if the directory cannot be written
     _step(
+        args.run_command,
         "1/3 theory: two tasks, one conflicting feature, one head",
         ["theory", "--out", str(out / "theory"), "--quiet"],
     )
@@ -81,6 +81,7 @@ def run(args) -> int:
         return 0
     loc = out / f"localize-{args.task}"
     _step(
+        args.run_command,
         f"2/3 localize on SmolLM2-135M-Instruct, task {args.task}",
         [
             "localize",
@@ -104,10 +105,12 @@ def run(args) -> int:
     heads = report["primary"]["heads"]
     spec = ",".join(f"{layer}.{head}" for layer, head in heads)
     _step(
+        args.run_command,
         "3/3 generate: intact",
         ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8"],
     )
     _step(
+        args.run_command,
         f"3/3 generate: rank-1 head set {spec} removed",
         ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8", "--ablate", spec],
     )

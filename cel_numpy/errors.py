@@ -4,16 +4,19 @@
     |                                  "cel-numpy CMD: error: <message>" and exits with status 2
     +-- ModelFileError                 a model or tokenizer file is missing, damaged or unsupported;
     |   |                              the message starts with the file's path
-    |   +-- TokenizerError (ValueError)          tokenizer files (cel_numpy.models.tokenizer)
-    +-- ConfigError (ValueError)       a model configuration the forward cannot run (models.config)
-    +-- FetchError (RuntimeError)      a registry download failed or did not verify (models.fetch)
+    |   +-- TokenizerError (ValueError)          tokenizer files
+    +-- ConfigError (ValueError)       a model configuration the forward cannot run
+    +-- FetchError (RuntimeError)      a registry download failed or did not verify
     +-- OptionError (ValueError)       an option or argument value: head specs, task and model
     |                                  names, panel sizes, --out; raised before any work
     +-- PromptError (ValueError)       text a model cannot take: empty, longer than the context,
     |                                  not valid Unicode
     +-- RunDirError                    a run directory that does not validate, or is locked
-    |                                  (cel_numpy.localize.rundir)
-    +-- InvalidHeadError (ValueError), NoTokenizerError (RuntimeError)   (cel_numpy.models.model)
+    +-- InvalidHeadError (ValueError)  an ablation names a head the model does not have
+    +-- NoTokenizerError (RuntimeError)  text given to a model loaded without tokenizer files
+
+Every class lives here, so any module can raise them without importing another layer (the
+modules that raise them also re-export them under their old import paths).
 
 The second base classes keep older `except ValueError` / `except RuntimeError` callers working.
 Anything else escaping to the command line is a bug: it is reported as an internal error
@@ -42,3 +45,27 @@ class PromptError(UserError, ValueError):
 def one_line(message: str) -> str:
     """Collapse a message onto one line (an error line must never spill into several)."""
     return " ".join(str(message).split())
+
+
+class TokenizerError(ModelFileError, ValueError):
+    """A tokenizer file is malformed or uses a feature we do not support (one-line message)."""
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration that the forward cannot run (one line, names the offending field)."""
+
+
+class FetchError(UserError, RuntimeError):
+    """A registry file could not be obtained or failed verification (one-line message)."""
+
+
+class RunDirError(UserError):
+    """Something in the run directory does not validate (one line; names the file)."""
+
+
+class InvalidHeadError(UserError, ValueError):
+    """An ablation names a head the model does not have (one-line message)."""
+
+
+class NoTokenizerError(UserError, RuntimeError):
+    """Text was given to a model loaded without tokenizer files."""

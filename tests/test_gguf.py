@@ -34,8 +34,8 @@ from gguf.quants import quantize
 
 import cel_numpy as cn
 from cel_numpy.cli import UserError
-from cel_numpy.models.loaders import permute_rotary_rows, unpermute_rotary_rows
 from cel_numpy.models.transformer import flatten_params
+from cel_numpy.models.weights import permute_rotary_rows, unpermute_rotary_rows
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -18,14 +18,8 @@ import pytest
 
 from cel_numpy.cli import UserError
 from cel_numpy.localize import rundir as rd
-from cel_numpy.localize.evaluate import (
-    ExampleResult,
-    TheoryEvaluator,
-    TheoryTask,
-    condition_name,
-    evaluate_naive,
-    normalize_condition,
-)
+from cel_numpy.localize.conditions import ExampleResult, condition_name, normalize_condition
+from cel_numpy.localize.evaluate import TheoryEvaluator, TheoryTask, evaluate_naive
 from cel_numpy.localize.ranking import (
     Scored,
     joint_enumeration,

@@ -23,9 +23,9 @@ import numpy as np
 
 import cel_numpy as cn
 from cel_numpy.attention import rotary_forward, rotary_tables
-from cel_numpy.models.loaders import permute_rotary_rows
 from cel_numpy.models.model import Model
 from cel_numpy.models.transformer import blocks_forward, prepare_inputs, unembed
+from cel_numpy.models.weights import permute_rotary_rows
 from cel_numpy.ops import log_softmax, silu_forward
 
 FAST = os.environ.get("CEL_NUMPY_FAST") == "1"  # the test suite sets this: screen fewer heads

@@ -212,14 +212,9 @@ for name in ("tiny_llama", "tiny_gpt2"):
     gflat = flatten_params({k: v for k, v in grads.items() if k != "head_mask"})
     hm = np.ones((m64.config.n_layers, m64.config.n_heads))
 
-    def loss_fn() -> float:
+    def loss_fn(model=m64, hm=hm) -> float:  # defaults bind this iteration's model and mask
         logits, _ = transformer_forward(
-            m64.params,
-            m64.config,
-            ids,
-            mask,
-            head_mask=hm,
-            keep_activations=False,  # noqa: B023 - called within this iteration
+            model.params, model.config, ids, mask, head_mask=hm, keep_activations=False
         )
         return cross_entropy_loss(logits, targets)[0]
 

@@ -4,19 +4,22 @@
 
 The two-stage routine (`routine.py`), its resumable run directory (`rundir.py`), ranking
 (`ranking.py`), paired statistics (`stats.py`), the report (`report.py`) and the evaluators that
-connect it to models (`evaluate.py`). `cel-numpy localize` is the command line (`cli.py`).
+connect it to models (`evaluate.py`, on the vocabulary of `conditions.py`). `cel-numpy localize` is the command line (`cli.py`).
 """
 
-from cel_numpy.localize.evaluate import (
+from cel_numpy.localize.conditions import (
     INTACT,
-    Evaluator,
     ExampleResult,
+    check_heads,
+    condition_name,
+    normalize_condition,
+)
+from cel_numpy.localize.evaluate import (
+    Evaluator,
     LMEvaluator,
     TheoryEvaluator,
     TheoryTask,
-    condition_name,
     evaluate_naive,
-    normalize_condition,
 )
 from cel_numpy.localize.ranking import (
     Scored,
@@ -38,6 +41,7 @@ __all__ = [
     "INTACT",
     "Evaluator",
     "ExampleResult",
+    "check_heads",
     "LMEvaluator",
     "TheoryEvaluator",
     "TheoryTask",

@@ -26,39 +26,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
+from cel_numpy.localize.conditions import (
+    Condition,
+    ExampleResult,
+    check_heads,
+    condition_name,
+    normalize_condition,
+)
 from cel_numpy.tasks.base import Item
-
-Head = tuple[int, int]  # (layer, head)
-Condition = tuple[Head, ...]  # sorted heads to ablate together; () = intact
-
-INTACT: Condition = ()
-
-
-@dataclass(frozen=True)
-class ExampleResult:
-    item_id: str
-    correct: bool
-    answer: (
-        str  # what the model answered (generated text up to newline, chosen candidate, or y_hat)
-    )
-
-
-def normalize_condition(heads) -> Condition:
-    """Any iterable of (layer, head) pairs -> sorted tuple of int pairs, duplicates an error."""
-    cond = tuple(sorted((int(l), int(h)) for l, h in heads))
-    if len(set(cond)) != len(cond):
-        raise ValueError(f"condition {cond} names a head twice")
-    return cond
-
-
-def condition_name(cond: Condition) -> str:
-    """() -> "intact"; ((3, 5), (7, 1)) -> "L3H5+L7H1" (greppable in the records)."""
-    return "+".join(f"L{l}H{h}" for l, h in cond) if cond else "intact"
 
 
 class Evaluator(Protocol):
@@ -89,14 +68,6 @@ def evaluate_naive(
             )
         out.append(results)
     return out
-
-
-def _check_heads(cond: Condition, n_layers: int, n_heads: int) -> None:
-    for l, h in cond:
-        if not (0 <= l < n_layers and 0 <= h < n_heads):
-            raise ValueError(
-                f"head L{l}H{h} outside the model's {n_layers} layers x {n_heads} heads"
-            )
 
 
 # =========================================================================== real language models
@@ -203,7 +174,7 @@ class LMEvaluator:
         return evaluate_naive(self.evaluate_condition, items, conditions)
 
     def evaluate_condition(self, items: Sequence[Item], cond: Condition) -> list[ExampleResult]:
-        _check_heads(cond, self.n_layers, self.n_heads)
+        check_heads(cond, self.n_layers, self.n_heads)
         if self.task.scoring == "generate":
             return self._generate(items, cond)
         if self.task.scoring == "choice":
@@ -424,7 +395,7 @@ class TheoryEvaluator:
         """y_hat (B,) with the heads of `cond` ablated."""
         from cel_numpy.theory.model import theory_forward
 
-        _check_heads(cond, 1, self.n_heads)
+        check_heads(cond, 1, self.n_heads)
         keep = np.ones(self.n_heads)
         for _, h in cond:
             keep[h] = 0.0

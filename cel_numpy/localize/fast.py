@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cel_numpy.localize.evaluate import Condition, ExampleResult, _check_heads, normalize_condition
+from cel_numpy.localize.conditions import Condition, ExampleResult, check_heads, normalize_condition
 from cel_numpy.models.fast import ablated_readout, generate_conditions, prepare
 from cel_numpy.tasks.base import Item
 
@@ -34,7 +34,7 @@ def evaluate_many_fast(
     """`LMEvaluator.evaluate_many` through the shared-prefix engine (see the module docstring)."""
     conds = [normalize_condition(c) for c in conditions]
     for c in conds:
-        _check_heads(c, ev.n_layers, ev.n_heads)
+        check_heads(c, ev.n_layers, ev.n_heads)
     if not conds:
         return []
     if ev.task.scoring == "generate":

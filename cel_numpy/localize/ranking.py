@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cel_numpy.localize.evaluate import Condition, Head, normalize_condition
+from cel_numpy.localize.conditions import Condition, Head, normalize_condition
 
 N_NOMINEES = 10
 N_FINALISTS = 10

@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
-from cel_numpy.cli import UserError
+from cel_numpy.errors import UserError
 from cel_numpy.localize import rundir as rd
-from cel_numpy.localize.evaluate import (
+from cel_numpy.localize.conditions import (
     INTACT,
     Condition,
     ExampleResult,

@@ -65,16 +65,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cel_numpy.cli import UserError
-from cel_numpy.localize.evaluate import Condition, ExampleResult, normalize_condition
+from cel_numpy.errors import RunDirError
+from cel_numpy.localize.conditions import Condition, ExampleResult, normalize_condition
 from cel_numpy.models.fetch import sha256_file
 from cel_numpy.tasks.base import Item
 
 FORMAT = "cel-numpy.localize/1"
-
-
-class RunDirError(UserError):
-    """Something in the run directory does not validate (one line; names the file)."""
 
 
 def items_hash(items: Sequence[Item]) -> str:

@@ -16,14 +16,10 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from cel_numpy.errors import UserError
+from cel_numpy.errors import ConfigError
 
 FAMILIES = ("gpt2", "llama")
 HF_ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama"}  # config.json "model_type" -> family
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration that the forward cannot run (one line, names the offending field)."""
 
 
 def _required(hf: dict, key: str):

@@ -28,11 +28,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from cel_numpy.errors import UserError
-
-
-class FetchError(UserError, RuntimeError):
-    """A registry file could not be obtained or failed verification (one-line message)."""
+from cel_numpy.errors import FetchError
 
 
 @dataclass(frozen=True)

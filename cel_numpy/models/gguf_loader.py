@@ -16,7 +16,7 @@ the reader: a metadata array whose length cannot fit in the rest of the file is 
 the reader loops over it (past the end it reads empty views without advancing, so it could loop
 for as long as the bogus length says), and a tensor whose bytes run past the end of the file is
 named (a cut download). Then the metadata and every needed tensor's shape are checked against
-each other (`loaders.check_tensors`), before any weight is read.
+each other (`weights.check_tensors`), before any weight is read.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 
 from cel_numpy.errors import ModelFileError
 from cel_numpy.models.config import ConfigError, ModelConfig
-from cel_numpy.models.loaders import TensorHeader, build_params, check_tensors
+from cel_numpy.models.weights import TensorHeader, build_params, check_tensors
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 CHUNK_ELEMENTS = 1 << 20  # dequantize ~1M weights (4 MB of float32) at a time

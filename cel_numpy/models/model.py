@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from cel_numpy.errors import PromptError, UserError
+from cel_numpy.errors import InvalidHeadError, NoTokenizerError, PromptError, UserError
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.models.transformer import (
     ForwardCache,
@@ -39,14 +39,6 @@ from cel_numpy.models.transformer import (
 )
 
 ABLATIONS = ("zero", "mean")
-
-
-class InvalidHeadError(UserError, ValueError):
-    """An ablation names a head the model does not have (one-line message)."""
-
-
-class NoTokenizerError(UserError, RuntimeError):
-    """Text was given to a model loaded without tokenizer files."""
 
 
 class Model:

@@ -28,17 +28,13 @@ from pathlib import Path
 import numpy as np
 import regex
 
-from cel_numpy.errors import ModelFileError, PromptError
+from cel_numpy.errors import PromptError, TokenizerError
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 DIGIT_PATTERN = r"\p{N}"  # one numeric character (HF Digits(individual_digits=True))
 DIGITS_PATTERN = r"\p{N}+"  # a run of numeric characters (HF Digits(individual_digits=False))
 
 PIECE_CACHE_SIZE = 1 << 16  # distinct pre-tokenized pieces remembered per tokenizer
-
-
-class TokenizerError(ModelFileError, ValueError):
-    """A tokenizer file is malformed or uses a feature we do not support (one-line message)."""
 
 
 def _file_errors(constructor):
