@@ -21,6 +21,9 @@ class ExampleResult:
     item_id: str
     correct: bool
     answer: str  # the model's answer: generated text up to the stop, chosen candidate, or y_hat
+    # log-probability of the reference answer under this condition (its tokens given the prompt;
+    # choice tasks: the correct candidate's); None where an evaluator does not compute it
+    ref_logprob: float | None = None
 
 
 def normalize_condition(heads) -> Condition:
