@@ -17,6 +17,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from cel_numpy.heads import heads_name
+
 # A small, few-minute localization: a choice-scored task (no generation), small panels, both cores.
 # These panels only show the routine working; the README's results use larger ones.
 DEMO_TASK = "agreement"
@@ -103,7 +105,7 @@ def run(args) -> int:
     )
     report = json.loads((loc / "report.json").read_text())
     heads = report["primary"]["heads"]
-    spec = ",".join(f"{layer}.{head}" for layer, head in heads)
+    spec = heads_name(heads)
     _step(
         args.run_command,
         "3/3 generate: intact",

@@ -499,26 +499,34 @@ CASES = [
             "--ablate",
             "1-2",
         ],
-        r"--ablate: '1-2' is not LAYER\.HEAD \(e\.g\. 3\.1\) or LxHy \(e\.g\. L3H1\)",
+        r"--ablate: '1-2' is not a head name: write heads as L3H1 \(layer 3, head 1, counted from 0\), "
+        r"several as L3H1\+L5H0",
+    ),
+    Case(
+        "head-dotted",
+        "--ablate 3.1 (the dotted spelling of earlier versions)",
+        lambda t: ["generate", "--model", "smollm2", "hi", "--ablate", "3.1"],
+        r"--ablate: '3\.1' is not a head name: write L3H1 for layer 3, head 1",
     ),
     Case(
         "head-out-of-range",
-        "--ablate 7.0 on a 2-layer model (checked before the weights are read)",
+        "--ablate L7H0 on a 2-layer model (checked before the weights are read)",
         lambda t: [
             "generate",
             "--model",
             str(_truncate(with_tokenizer(copy_fixture(t, "tiny_gpt2")), "model.safetensors", 0.5)),
             "hi",
             "--ablate",
-            "7.0",
+            "L7H0",
         ],
-        r"--ablate: head \(7, 0\) out of range: the model has 2 layers x 4 heads, 0\.0 to 1\.3 \(0-based\)",
+        r"--ablate: head L7H0 is not in the model: it has 2 layers x 4 heads, L0H0 to L1H3 "
+        r"\(counted from 0\)",
     ),
     Case(
         "head-twice",
-        "--ablate 1.2,L1H2 (the same head twice)",
-        lambda t: ["generate", "--model", "smollm2", "hi", "--ablate", "1.2,L1H2"],
-        r"--ablate: head 1\.2 is given twice",
+        "--ablate L1H2,l1h2 (the same head twice)",
+        lambda t: ["generate", "--model", "smollm2", "hi", "--ablate", "L1H2,l1h2"],
+        r"--ablate: L1H2 is given twice",
     ),
     Case(
         "unknown-task",

@@ -17,6 +17,7 @@ import pytest
 
 import cel_numpy as cn
 from cel_numpy.cli import UserError
+from cel_numpy.errors import OptionError
 from cel_numpy.models.config import ConfigError, ModelConfig
 from cel_numpy.models.model import InvalidHeadError, NoTokenizerError
 from cel_numpy.models.transformer import flatten_params, transformer_forward, unflatten_params
@@ -187,11 +188,12 @@ def test_ablation_errors_are_one_line():
     ids = [[1, 2, 3]]
     with pytest.raises(
         InvalidHeadError,
-        match=r"^head \(2, 0\) out of range: model has 2 layers x 4 heads \(0-based\)$",
+        match=r"^ablate: head L2H0 is not in the model: it has 2 layers x 4 heads, L0H0 to L1H3 "
+        r"\(counted from 0\)$",
     ):
         model.logits(ids, ablate=[(2, 0)])
-    with pytest.raises(InvalidHeadError, match="pairs"):
-        model.logits(ids, ablate=(1, 2))
+    with pytest.raises(OptionError, match="pairs"):
+        model.logits(ids, ablate=[(1, 2, 3)])
     with pytest.raises(UserError, match="reference"):
         model.logits(ids, ablate=[(1, 2)], ablation="mean")
     with pytest.raises(UserError, match="zero, mean"):
@@ -428,16 +430,16 @@ def test_cli_generate_with_ablation(tmp_path, capsys):
         "--max-new-tokens",
         "4",
         "--ablate",
-        "1.2,0.1",
+        "L1H2+L0H1",
     ]
     assert run_cli(argv + ["--ablation", "mean"]) == 0
     out = capsys.readouterr().out
-    assert "[intact] next token" in out and "[ablated 1.2,0.1 (mean)]" in out
+    assert "[intact] next token" in out and "[ablated L0H1+L1H2 (mean)]" in out
     expected = model.generate(
         "hello", 4, ablate=[(1, 2), (0, 1)], ablation="mean", reference=[model.encode("hello")]
     )
     assert f"greedy: 'hello' + {expected!r}" in out
-    with pytest.raises(UserError, match="not LAYER.HEAD"):
+    with pytest.raises(UserError, match="not a head name"):
         run_cli(["generate", "--model", str(folder), "hi", "--ablate", "1-2"])
-    with pytest.raises(InvalidHeadError, match=r"head \(7, 0\) out of range"):
-        run_cli(["generate", "--model", str(folder), "hi", "--ablate", "7.0"])
+    with pytest.raises(InvalidHeadError, match=r"head L7H0 is not in the model"):
+        run_cli(["generate", "--model", str(folder), "hi", "--ablate", "L7H0"])

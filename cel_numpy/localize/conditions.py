@@ -1,7 +1,7 @@
 """Conditions and per-example results: the vocabulary the routine, the evaluators and the run
 directory share (a module of its own so that none of them imports another for it).
 
-    Head       (layer, head), both 0-based: L3H1 is layer 3, head 1
+    Head       (layer, head), both 0-based: L3H1 is layer 3, head 1 (names: cel_numpy.heads)
     Condition  a sorted tuple of heads removed together; INTACT = () is the intact model
     ExampleResult  one item's verdict under one condition
 """
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-Head = tuple[int, int]  # (layer, head), 0-based
+from cel_numpy.heads import Head, heads_name, parse_heads
+from cel_numpy.heads import check_heads as _check_heads
+
 Condition = tuple[Head, ...]  # sorted heads to ablate together; () = intact
 
 INTACT: Condition = ()
@@ -27,22 +29,18 @@ class ExampleResult:
 
 
 def normalize_condition(heads) -> Condition:
-    """Any iterable of (layer, head) pairs -> sorted tuple of int pairs, duplicates an error."""
-    cond = tuple(sorted((int(l), int(h)) for l, h in heads))
-    if len(set(cond)) != len(cond):
-        raise ValueError(f"condition {cond} names a head twice")
-    return cond
+    """Heads in any spelling cel_numpy.heads takes ("L3H1+L5H0", pairs) -> sorted tuple of pairs.
+
+    A head named twice or a malformed name is an OptionError (a ValueError).
+    """
+    return parse_heads(heads)
 
 
 def condition_name(cond: Condition) -> str:
     """() -> "intact"; ((3, 5), (7, 1)) -> "L3H5+L7H1" (greppable in the records)."""
-    return "+".join(f"L{l}H{h}" for l, h in cond) if cond else "intact"
+    return heads_name(cond)
 
 
 def check_heads(cond: Condition, n_layers: int, n_heads: int) -> None:
-    """Every head of `cond` exists in a model of n_layers x n_heads (ValueError naming it)."""
-    for l, h in cond:
-        if not (0 <= l < n_layers and 0 <= h < n_heads):
-            raise ValueError(
-                f"head L{l}H{h} outside the model's {n_layers} layers x {n_heads} heads"
-            )
+    """Every head of `cond` exists in a model of n_layers x n_heads (InvalidHeadError naming it)."""
+    _check_heads(cond, n_layers, n_heads)

@@ -174,6 +174,7 @@ class LMEvaluator:
         return evaluate_naive(self.evaluate_condition, items, conditions)
 
     def evaluate_condition(self, items: Sequence[Item], cond: Condition) -> list[ExampleResult]:
+        cond = normalize_condition(cond)  # any spelling of cel_numpy.heads: "L3H1+L5H0", pairs
         check_heads(cond, self.n_layers, self.n_heads)
         if self.task.scoring == "generate":
             return self._generate(items, cond)
@@ -395,6 +396,7 @@ class TheoryEvaluator:
         """y_hat (B,) with the heads of `cond` ablated."""
         from cel_numpy.theory.model import theory_forward
 
+        cond = normalize_condition(cond)
         check_heads(cond, 1, self.n_heads)
         keep = np.ones(self.n_heads)
         for _, h in cond:

@@ -2,15 +2,14 @@
 
 cel-numpy fetch smollm2
 cel-numpy inspect --model smollm2
-cel-numpy generate --model smollm2 "The capital of France is" --ablate 3.1,5.0 --ablation zero
+cel-numpy generate --model smollm2 "The capital of France is" --ablate L3H1+L5H0 --ablation zero
 """
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
+from cel_numpy import heads as head_notation
 from cel_numpy.errors import OptionError, PromptError
 
 
@@ -38,9 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=5, help="show this many next-token candidates")
     p.add_argument(
         "--ablate",
-        default="",
-        help="heads to ablate as LAYER.HEAD,LAYER.HEAD (0-based), e.g. 3.1,5.0; or as a report names them, "
-        "L3H1+L5H0",
+        default=None,
+        metavar="HEADS",
+        help="heads to remove, e.g. L3H1 or L3H1+L5H0 (layer and head counted from 0)",
     )
     p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
     p.add_argument(
@@ -54,36 +53,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_generate)
 
 
-HEAD_SPEC = re.compile(r"(?:(\d+)\.(\d+)|L(\d+)H(\d+))")  # 3.1 or L3H1 (the name in reports)
+def parse_heads(spec: str | None) -> list[tuple[int, int]]:
+    """--ablate's value ("L3H1+L5H0", "L3H1,L5H0") -> [(3, 1), (5, 0)]; None -> []."""
+    return list(head_notation.parse_heads(spec, what="--ablate"))
 
 
-def parse_heads(spec: str) -> list[tuple[int, int]]:
-    """'3.1,5.0' or 'L3H1+L5H0' -> [(3, 1), (5, 0)]; '' -> []. Malformed or repeated heads: OptionError."""
-    heads: list[tuple[int, int]] = []
-    for item in filter(None, (s.strip() for s in re.split(r"[,+]", spec))):
-        match = HEAD_SPEC.fullmatch(item)
-        if match is None:
-            raise OptionError(
-                f"--ablate: {item!r} is not LAYER.HEAD (e.g. 3.1) or LxHy (e.g. L3H1); layers and heads count from 0"
-            )
-        layer, head = (int(g) for g in match.groups() if g is not None)
-        if (layer, head) in heads:
-            raise OptionError(f"--ablate: head {layer}.{head} is given twice")
-        heads.append((layer, head))
-    return heads
-
-
-def check_heads(heads: list[tuple[int, int]], config) -> None:
+def check_heads(ablate: list[tuple[int, int]], config) -> None:
     """Every head exists in a model of this config (InvalidHeadError naming the sizes otherwise)."""
-    from cel_numpy.models.model import InvalidHeadError
-
-    L, H = config.n_layers, config.n_heads
-    for layer, head in heads:
-        if not (layer < L and head < H):
-            raise InvalidHeadError(
-                f"--ablate: head ({layer}, {head}) out of range: the model has {L} layers x {H} heads, "
-                f"0.0 to {L - 1}.{H - 1} (0-based)"
-            )
+    head_notation.check_heads(ablate, config.n_layers, config.n_heads, what="--ablate")
 
 
 def cmd_fetch(args) -> int:
@@ -204,7 +181,7 @@ def cmd_generate(args) -> int:
         mean_z = model.mean_z(reference) if args.ablation == "mean" else None
         spec = {"ablate": heads, "ablation": args.ablation, "mean_z": mean_z}
     runs = [("intact", {})] + (
-        [(f"ablated {args.ablate} ({args.ablation})", spec)] if heads else []
+        [(f"ablated {head_notation.heads_name(heads)} ({args.ablation})", spec)] if heads else []
     )
     print(f"prompt: {args.prompt!r} ({len(ids)} tokens)")
     for label, kw in runs:

@@ -12,8 +12,8 @@ Batches: `ids` is a list of token-id lists (any lengths) or an int array (B, T).
 LEFT-padded by `pad`, so column -1 is every prompt's next-token position; outputs at padding
 positions are garbage. Positions count real tokens only: clip(cumsum(mask) - 1, 0).
 
-Ablation acts on z, each head's output before the output projection W_O. Heads are named
-(layer, head), 0-based. Under grouped-query attention one query head is removed; the key/value
+Ablation acts on z, each head's output before the output projection W_O. Heads are (layer, head),
+0-based, in any spelling of cel_numpy.heads: "L3H1", "L3H1+L5H0", (3, 1), [(3, 1), (5, 0)]. Under grouped-query attention one query head is removed; the key/value
 group it reads stays (other heads use it).
   - zero: z_h = 0.
   - mean: z_h = mean of z_h over every non-pad position of a reference batch, computed with the
@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from cel_numpy.errors import InvalidHeadError, NoTokenizerError, PromptError, UserError
+from cel_numpy.heads import check_heads, parse_heads
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.models.transformer import (
     ForwardCache,
@@ -160,29 +161,19 @@ class Model:
     # ------------------------------------------------------------------ ablation
 
     def head_mask(self, ablate) -> np.ndarray | None:
-        """Iterable of (layer, head) -> (L, H) mask, 0 at ablated heads; None if nothing ablated."""
+        """Heads to remove -> (L, H) mask, 0 at ablated heads; None if nothing is ablated.
+
+        ablate: "L3H1", "L3H1+L5H0", (3, 1), or a list of pairs/names (cel_numpy.heads).
+        """
         if ablate is None:
             return None
         L, H = self.config.n_layers, self.config.n_heads
+        heads = parse_heads(ablate, what="ablate", repeats=True)
+        check_heads(heads, L, H, what="ablate")
         mask = np.ones((L, H), dtype=self.dtype)
-        heads = list(ablate)
-        if len(heads) == 2 and all(isinstance(x, (int, np.integer)) for x in heads):
-            raise InvalidHeadError(
-                f"ablate takes a list of (layer, head) pairs: write [{tuple(heads)}]"
-            )
-        for head in heads:
-            try:
-                layer, h = (int(x) for x in head)
-            except (TypeError, ValueError):
-                raise InvalidHeadError(
-                    f"ablate entries must be (layer, head) pairs, got {head!r}"
-                ) from None
-            if not (0 <= layer < L and 0 <= h < H):
-                raise InvalidHeadError(
-                    f"head ({layer}, {h}) out of range: model has {L} layers x {H} heads (0-based)"
-                )
+        for layer, h in heads:
             mask[layer, h] = 0
-        return mask if not np.all(mask == 1) else None
+        return mask if heads else None
 
     def mean_z(self, reference, attention_mask=None, *, batch_size: int = 32) -> np.ndarray:
         """Per-head mean of z over all non-pad positions of `reference`, intact model. (L, H, E).
