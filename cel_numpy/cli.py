@@ -9,7 +9,8 @@
 
 Errors: bad input of any kind (files, options, prompts, run directories; see cel_numpy.errors)
 prints exactly one line, "cel-numpy CMD: error: ...", and exits with status 2; Ctrl-C prints one
-line and exits with 130; anything else is a bug, reported in one line with exit status 1.
+line and exits with 130, SIGTERM the same way with 143 (both resumable for localize); anything
+else is a bug, reported in one line with exit status 1.
 `--debug` (before or after the subcommand) shows the traceback instead.
 """
 
@@ -17,18 +18,40 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
-from cel_numpy.errors import UserError, one_line
+from cel_numpy.errors import UserError, one_line, safe_text
 
 __all__ = ["UserError", "build_parser", "main"]
 
 EXIT_USER_ERROR = 2
 EXIT_BUG = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 # What to tell the user after Ctrl-C, per subcommand (default: nothing to resume).
 INTERRUPTED = {"localize": "interrupted; rerun the same command to resume"}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread: the command stops exactly as on Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
+def _catch_sigterm():
+    """Route SIGTERM through _on_sigterm; returns the handler to restore (None: not possible)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        return None
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -68,29 +91,51 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     debug = args.debug or os.environ.get("CEL_NUMPY_DEBUG", "") not in ("", "0")
     prefix = f"cel-numpy {args.command}"
+    _never_fail_on_output()
+    previous = _catch_sigterm()
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
         if debug:
             raise
-        print(f"{prefix}: {INTERRUPTED.get(args.command, 'interrupted')}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        said = INTERRUPTED.get(args.command, "interrupted")
+        if isinstance(err, Terminated):
+            said = said.replace("interrupted", "terminated (SIGTERM)", 1)
+        _say(f"{prefix}: {said}")
+        return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
     except (UserError, OSError, ValueError) as err:
         # ValueError: NumPy-level checks with clear messages (e.g. a mean_z of the wrong shape);
         # OSError: a disk that filled up, a file that vanished -- the OS message names the file.
         if debug:
             raise
-        print(f"{prefix}: error: {one_line(_message(err))}", file=sys.stderr)
+        _say(f"{prefix}: error: {one_line(_message(err))}")
         return EXIT_USER_ERROR
     except Exception as err:  # a bug: one line here, the traceback with --debug
         if debug:
             raise
-        print(
+        _say(
             f"{prefix}: internal error: {type(err).__name__}: {one_line(str(err))} "
-            "(a bug in cel-numpy: rerun with --debug for the traceback and report it)",
-            file=sys.stderr,
+            "(a bug in cel-numpy: rerun with --debug for the traceback and report it)"
         )
         return EXIT_BUG
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _never_fail_on_output() -> None:
+    """stdout replaces what it cannot encode (a non-UTF-8 path printed after the work is done)."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="replace")
+            except (ValueError, OSError):  # not a reconfigurable text stream
+                pass
+
+
+def _say(line: str) -> None:
+    """One line on stderr; text the stream cannot encode (a non-UTF-8 path) is replaced."""
+    print(safe_text(line, sys.stderr), file=sys.stderr, flush=True)
 
 
 def _message(err: BaseException) -> str:

@@ -14,6 +14,8 @@
     +-- RunDirError                    a run directory that does not validate, or is locked
     +-- InvalidHeadError (ValueError)  an ablation names a head the model does not have
     +-- NoTokenizerError (RuntimeError)  text given to a model loaded without tokenizer files
+    +-- WorkerError                    a worker process died (e.g. the out-of-memory killer);
+                                       rerunning resumes
 
 Every class lives here, so any module can raise them without importing another layer (the
 modules that raise them also re-export them under their old import paths).
@@ -47,6 +49,29 @@ def one_line(message: str) -> str:
     return " ".join(str(message).split())
 
 
+def safe_text(text: str, stream=None) -> str:
+    """`text` as `stream` (default: stdout) can print it, never raising: the undecodable bytes
+    of a non-UTF-8 file name (which Python keeps as lone surrogates) become U+FFFD, and what the
+    stream's encoding cannot represent becomes its replacement character."""
+    import sys
+
+    text = str(text)
+    encoding = getattr(stream if stream is not None else sys.stdout, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        pass
+    try:
+        text = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # surrogates that are not escaped bytes
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    try:
+        return text.encode(encoding, "replace").decode(encoding)
+    except LookupError:
+        return text
+
+
 class TokenizerError(ModelFileError, ValueError):
     """A tokenizer file is malformed or uses a feature we do not support (one-line message)."""
 
@@ -69,3 +94,7 @@ class InvalidHeadError(UserError, ValueError):
 
 class NoTokenizerError(UserError, RuntimeError):
     """Text was given to a model loaded without tokenizer files."""
+
+
+class WorkerError(UserError):
+    """A worker process of `localize --workers N` died from outside; the run resumes when rerun."""

@@ -284,3 +284,114 @@ def test_ctrl_c_with_worker_processes_is_one_line(setup, tmp_path):
     ], stderr
     on_disk = complete_blocks(out / "joint.jsonl")
     resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
+
+
+# --------------------------------------------------------------------------- worker processes
+
+
+def children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended; only its exit status waits for a reaper
+
+
+def open_files(pid: int) -> set[str]:
+    out = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            out.add(os.readlink(fd))
+        except OSError:
+            pass
+    return out
+
+
+def wait_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_parent_takes_its_workers_along_and_the_rerun_resumes(setup, tmp_path, sig):
+    """The parent of a --workers 2 run is killed mid-stage (only the parent, not its group): the
+    workers end within seconds, none of them ever held the lock, and the same command resumes
+    to the uninterrupted result."""
+    params, driver, reference = setup
+    out = tmp_path / "run"
+    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet", "--workers", "2")
+    wait_for_joint_records(proc, out)
+    workers = children(proc.pid)
+    assert len(workers) == 2, workers
+    lock = str(out / "lock")
+    assert lock in open_files(proc.pid)
+    for pid in workers:
+        assert lock not in open_files(pid), "a worker holds the run directory's lock"
+
+    os.kill(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=60)
+    survivors = wait_gone(workers, 5.0)
+    assert survivors == [], f"workers {survivors} outlived their parent"
+    if sig == signal.SIGTERM:  # like Ctrl-C: one line, 128 + 15, the lock released
+        assert proc.returncode == 143, stderr
+        assert stderr.splitlines() == [
+            "cel-numpy localize: terminated (SIGTERM); rerun the same command to resume"
+        ], stderr
+        assert not (out / "lock").exists()
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    on_disk = complete_blocks(out / "joint.jsonl")
+    assert 0 < len(on_disk) < N_JOINT
+    resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
+
+
+def test_sigterm_without_workers_is_like_ctrl_c(setup, tmp_path):
+    params, driver, reference = setup
+    out = tmp_path / "run"
+    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet")
+    wait_for_joint_records(proc, out)
+    proc.terminate()
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    assert stderr.splitlines() == [
+        "cel-numpy localize: terminated (SIGTERM); rerun the same command to resume"
+    ], stderr
+    assert not (out / "lock").exists(), "SIGTERM must release the lock"
+    on_disk = complete_blocks(out / "joint.jsonl")
+    resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
+
+
+def test_a_worker_killed_from_outside_is_one_line_and_the_rerun_resumes(setup, tmp_path):
+    """What the out-of-memory killer does: SIGKILL to one worker. The parent stops the others,
+    says what happened in one line (exit status 2), and the same command resumes."""
+    params, driver, reference = setup
+    out = tmp_path / "run"
+    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet", "--workers", "2")
+    wait_for_joint_records(proc, out)
+    workers = children(proc.pid)
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 2, stderr
+    assert stderr.splitlines() == [
+        "cel-numpy localize: error: a worker process died (killed from outside, often by the "
+        f"out-of-memory killer); the finished conditions are kept in {out}: rerun the same "
+        "command to resume (with fewer --workers if memory is short)"
+    ], stderr
+    assert wait_gone(workers, 5.0) == []
+    on_disk = complete_blocks(out / "joint.jsonl")
+    resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import signal
 import sys
 from pathlib import Path
 
@@ -383,12 +382,28 @@ def check_options(args) -> None:
         )
 
 
-def _ignore_sigint() -> None:
-    """Worker processes leave Ctrl-C to the parent, which stops cleanly (no traceback per worker)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def make_worker_pool(n_workers: int, quiet: bool = False):
+    """The process pool for --workers N (None for 1); warns when N exceeds the cores here."""
+    from cel_numpy.localize.workers import WorkerPool, available_cores
+
+    if n_workers <= 1:
+        return None
+    cores = available_cores()
+    if n_workers > cores:
+        print(
+            f"cel-numpy localize: warning: --workers {n_workers} is more than the {cores} CPU "
+            "cores here: the extra workers only compete for them (each stage starts at most one "
+            "worker per chunk of conditions)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return WorkerPool(n_workers)
 
 
 def run(args) -> int:
+    from concurrent.futures.process import BrokenProcessPool
+
+    from cel_numpy.errors import WorkerError
     from cel_numpy.localize.routine import Localizer
     from cel_numpy.localize.rundir import prepare_out
 
@@ -406,11 +421,7 @@ def run(args) -> int:
         task, cross, make_evaluator = theory_setup(args, which, cross_names)
     else:
         task, cross, make_evaluator = lm_setup(args, task, cross)
-    executor = None
-    if args.workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        executor = ProcessPoolExecutor(max_workers=args.workers, initializer=_ignore_sigint)
+    executor = make_worker_pool(args.workers)
     loc = Localizer(
         args.out,
         make_evaluator,
@@ -427,9 +438,17 @@ def run(args) -> int:
     )
     try:
         results = loc.run(args.stage)
+    except BrokenProcessPool:
+        executor.terminate()
+        executor = None
+        raise WorkerError(
+            f"a worker process died (killed from outside, often by the out-of-memory killer); "
+            f"the finished conditions are kept in {args.out}: rerun the same command to resume "
+            "(with fewer --workers if memory is short)"
+        ) from None
     except BaseException:
-        if executor is not None:  # Ctrl-C or an error: queued chunks are not started
-            executor.shutdown(wait=False, cancel_futures=True)
+        if executor is not None:  # Ctrl-C, SIGTERM or an error: stop the workers now
+            executor.terminate()
             executor = None
         raise
     finally:

@@ -265,6 +265,10 @@ class Localizer:
         if self.executor is not None:
             for chunk in chunks:  # evaluators are created here, before any worker needs them
                 self._evaluator_for(chunk[0].panel)
+            if chunks and hasattr(
+                self.executor, "plan"
+            ):  # a WorkerPool: no more workers than chunks
+                self.executor.plan(len(chunks))
             # a module-level function and picklable arguments: works with thread, process and
             # cluster executors (Dask's Client.get_executor()) alike
             futures = [

@@ -50,6 +50,9 @@ pid on this host that is not running, the new run takes the lock over and says s
 (rerunning the same command resumes). If that pid is running (a writer that does not use
 flock) or the lock was written on another host (whose processes cannot be checked from here),
 the run refuses and the message says how to clear it (delete the file after checking).
+A forked child (a worker process) closes its copy of the lock's descriptor at once: the flock
+belongs to the open file description that a fork shares, so a worker outliving its parent
+would otherwise keep the lock held.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ import os
 import socket
 import sys
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +125,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_HELD_LOCKS: weakref.WeakSet = weakref.WeakSet()  # Lock objects holding their flock
+
+
+def _drop_locks_in_child() -> None:
+    """After fork, in the child: close the inherited lock descriptors (never unlock: that would
+    release the parent's flock too) and forget the locks, so the child cannot remove them."""
+    for lock in list(_HELD_LOCKS):
+        if lock.fd is not None:
+            try:
+                os.close(lock.fd)
+            except OSError:
+                pass
+            lock.fd = None
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_locks_in_child)
+
+
 class Lock:
     """`with Lock(run_dir):` one writer at a time (flock on a file holding pid and host).
 
@@ -168,6 +192,7 @@ class Lock:
         )
         os.fsync(fd)
         self.fd = fd
+        _HELD_LOCKS.add(self)
         return self
 
     def _read_owner(self) -> tuple[int, str] | None:
@@ -205,6 +230,7 @@ class Lock:
                 pass
             os.close(self.fd)
             self.fd = None
+            _HELD_LOCKS.discard(self)
         return False
 
 

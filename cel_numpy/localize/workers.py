@@ -1,0 +1,124 @@
+"""Worker processes for `cel-numpy localize --workers N`: they end with their parent.
+
+    pool = WorkerPool(n)          an Executor; the routine submits chunks of conditions to it
+    pool.plan(n_chunks)           before a stage: at most one worker per chunk (never more than n)
+    pool.terminate()              on Ctrl-C / SIGTERM / an error: kill the workers now
+
+Workers are forked from the parent (they inherit the loaded model without pickling it) and
+
+  * die with their parent, however it dies: on Linux the kernel sends them SIGKILL when the
+    parent exits (prctl PR_SET_PDEATHSIG); everywhere a watchdog thread in each worker polls
+    os.getppid() once a second and exits when the parent is gone. A worker never writes to the
+    run directory (the parent writes every record), so killing one loses at most the chunk it
+    was computing, which the rerun computes again;
+  * never hold the run directory's lock: the lock's descriptor is closed in every forked child
+    (`cel_numpy.localize.rundir`, os.register_at_fork), so a killed parent's lock is free and
+    the rerun takes it over;
+  * leave Ctrl-C to the parent (SIGINT ignored) and die on SIGTERM (the default action; the
+    parent's SIGTERM handler, which raises in the parent, is not theirs).
+
+A worker killed from outside (the out-of-memory killer) breaks the pool: the futures raise
+BrokenProcessPool, which the command line reports in one line (rerunning resumes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import Executor, ProcessPoolExecutor
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+WATCH_SECONDS = 1.0
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        time.sleep(WATCH_SECONDS)
+        if os.getppid() != parent_pid:  # reparented: the parent is gone
+            os._exit(1)
+
+
+def worker_init(parent_pid: int) -> None:
+    """Runs first in every worker: die with the parent, leave Ctrl-C to it, die on SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl here: the watchdog alone
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), daemon=True, name="cel-numpy-watch-parent"
+    ).start()
+
+
+def _context():
+    # fork: workers share the parent's loaded model and any patched code (the tests rely on it)
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else None)
+
+
+class WorkerPool(Executor):
+    """A process pool of at most `n_workers` whose workers end with the parent (module docstring)."""
+
+    def __init__(self, n_workers: int):
+        if n_workers < 1:
+            raise ValueError(f"n_workers must be >= 1, got {n_workers}")
+        self.n_workers = int(n_workers)
+        self.size = 0  # workers of the current pool (0: not started)
+        self._pool: ProcessPoolExecutor | None = None
+
+    def plan(self, n_tasks: int) -> None:
+        """Make sure min(n_workers, n_tasks) workers exist (a larger earlier pool is kept)."""
+        want = max(1, min(self.n_workers, int(n_tasks)))
+        if want <= self.size:
+            return
+        if self._pool is not None:  # idle between stages: its workers exit at once
+            self._pool.shutdown(wait=True)
+        self._pool = ProcessPoolExecutor(
+            max_workers=want,
+            mp_context=_context(),
+            initializer=worker_init,
+            initargs=(os.getpid(),),
+        )
+        self.size = want
+
+    def submit(self, fn, /, *args, **kwargs):
+        if self._pool is None:
+            self.plan(self.n_workers)
+        return self._pool.submit(fn, *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+            self._pool = None
+
+    def terminate(self) -> None:
+        """Stop at once: cancel queued chunks and kill the running workers (their chunks are lost
+        and recomputed on resume; nothing of theirs is on disk)."""
+        if self._pool is None:
+            return
+        pool, self._pool = self._pool, None
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for p in processes:
+            try:
+                p.kill()
+            except (OSError, ValueError):  # already gone
+                pass
+        pool.shutdown(wait=True, cancel_futures=True)

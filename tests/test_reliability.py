@@ -1,0 +1,78 @@
+"""Hostile and odd inputs that must not pass silently (issue 16): each is refused in one line
+naming the file or option, or handled and said; run through the command line where a user
+would meet it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_bad_input import run_cli
+
+
+def theory_params(tmp: Path, n_heads: int = 4) -> Path:
+    from cel_numpy.theory.model import init_params
+
+    path = tmp / "params.npz"
+    np.savez(path, **init_params(np.random.default_rng(0), n_heads, 8, 8, 1.0))
+    return path
+
+
+def localize_argv(params: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "localize",
+        "--model",
+        f"theory:{params}",
+        "--task",
+        "A",
+        "--discovery",
+        "12",
+        "--heldout",
+        "12",
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
+
+
+# --------------------------------------------------------------------------- --workers
+
+
+def test_workers_beyond_the_chunks_are_not_started_and_beyond_the_cores_warned(
+    tmp_path, monkeypatch
+):
+    """--workers 100 on a 4-head model: never more worker processes than a stage has chunks
+    (2 here), a one-line warning about the cores, and the records of a sequential run."""
+    from cel_numpy.localize import workers
+
+    sizes = []
+    real = workers.ProcessPoolExecutor
+
+    def spy(max_workers, **kwargs):
+        sizes.append(max_workers)
+        return real(max_workers=max_workers, **kwargs)
+
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", spy)
+    params = theory_params(tmp_path)
+    status, err = run_cli(localize_argv(params, tmp_path / "many", "--workers", "100"))
+    assert status == 0, err
+    cores = workers.available_cores()
+    assert err.splitlines() == [
+        f"cel-numpy localize: warning: --workers 100 is more than the {cores} CPU cores here: "
+        "the extra workers only compete for them (each stage starts at most one worker per "
+        "chunk of conditions)"
+    ]
+    assert sizes and max(sizes) <= 2, sizes  # the largest stage has 2 chunks of 8 conditions
+    status, err = run_cli(localize_argv(params, tmp_path / "one"))
+    assert status == 0, err
+    for name in ("baseline", "screen", "joint", "confirm", "heldout", "crosstask"):
+        a, b = (tmp_path / d / f"{name}.jsonl" for d in ("many", "one"))
+        assert a.read_bytes() == b.read_bytes(), name
+    assert json.loads((tmp_path / "many" / "report.json").read_text())["primary"] == json.loads(
+        (tmp_path / "one" / "report.json").read_text()
+    )["primary"]
