@@ -17,6 +17,7 @@ else is a bug, reported in one line with exit status 1.
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import signal
 import sys
@@ -123,13 +124,28 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
 
 
+def _replace_unprintable(err: UnicodeError):
+    """Codec error handler: each character the stream cannot encode becomes U+FFFD (or '?')."""
+    if not isinstance(err, UnicodeEncodeError):
+        raise err
+    try:  # as bytes: encoders take only ASCII replacement text, but any replacement bytes
+        mark = "\ufffd".encode(err.encoding)
+    except (UnicodeEncodeError, LookupError):
+        mark = b"?"
+    return mark * (err.end - err.start), err.end
+
+
+codecs.register_error("cel-numpy-replace", _replace_unprintable)
+
+
 def _never_fail_on_output() -> None:
-    """stdout replaces what it cannot encode (a non-UTF-8 path printed after the work is done)."""
+    """stdout and stderr replace what they cannot encode (a non-UTF-8 path, kept by Python as lone
+    surrogates, printed after the work is done) instead of failing."""
     for stream in (sys.stdout, sys.stderr):
-        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+        if getattr(stream, "errors", None) in ("strict", "backslashreplace"):
             try:
-                stream.reconfigure(errors="replace")
-            except (ValueError, OSError):  # not a reconfigurable text stream
+                stream.reconfigure(errors="cel-numpy-replace")
+            except (AttributeError, ValueError, OSError):  # not a reconfigurable text stream
                 pass
 
 

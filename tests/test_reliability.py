@@ -9,8 +9,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
-
 from test_bad_input import run_cli
 
 
@@ -73,6 +71,31 @@ def test_workers_beyond_the_chunks_are_not_started_and_beyond_the_cores_warned(
     for name in ("baseline", "screen", "joint", "confirm", "heldout", "crosstask"):
         a, b = (tmp_path / d / f"{name}.jsonl" for d in ("many", "one"))
         assert a.read_bytes() == b.read_bytes(), name
-    assert json.loads((tmp_path / "many" / "report.json").read_text())["primary"] == json.loads(
-        (tmp_path / "one" / "report.json").read_text()
-    )["primary"]
+    assert (
+        json.loads((tmp_path / "many" / "report.json").read_text())["primary"]
+        == json.loads((tmp_path / "one" / "report.json").read_text())["primary"]
+    )
+
+
+# --------------------------------------------------------------------------- output
+
+
+def test_a_non_utf8_path_is_printed_with_a_replacement_not_a_crash(tmp_path):
+    """--out with a byte that is not UTF-8: the run finishes, prints its paths (the bad byte
+    replaced) and exits 0; nothing fails after the work is done."""
+    import os
+    import subprocess
+    import sys
+
+    params = theory_params(tmp_path)
+    out = os.fsencode(tmp_path) + b"/caf\xe9-run"
+    argv = [a if isinstance(a, bytes) else a.encode() for a in localize_argv(params, Path("X"))]
+    argv[argv.index(b"X")] = out
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable.encode(), b"-m", b"cel_numpy.cli", *argv], capture_output=True, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = proc.stdout.decode("utf-8").splitlines()[-1]
+    assert report == f"report: {tmp_path}/caf\ufffd-run/report.md", report
+    assert os.path.exists(out + b"/report.md")
