@@ -1,4 +1,10 @@
-"""Matplotlib figures. matplotlib is imported inside each function (Agg backend), never at import.
+"""Matplotlib figures. matplotlib is imported inside each function, never at import; without a
+display it draws with the Agg backend (a notebook's inline backend, or MPLBACKEND, is kept).
+
+Attention:
+    attention_pattern(model, text, layer, head=None, ablate=None, path=None) -> AttentionPicture
+        one head's pattern with token labels on both axes; head=None: a grid of every head of the
+        layer; ablate="L3H1+...": the same picture intact and with those heads removed
 
 Theory world:
     plot_theory_task_losses(log, closed_form, path)   task losses over training + closed-form levels
@@ -9,15 +15,22 @@ Theory world:
 
 from __future__ import annotations
 
+import math
 import os
+import sys
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from cel_numpy.errors import InvalidHeadError, PromptError
+from cel_numpy.heads import head_name, heads_name, parse_heads
 
 
 def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
+        matplotlib.use("Agg")  # files only; a notebook sets MPLBACKEND to its inline backend
     import matplotlib.pyplot as plt
 
     return plt
@@ -109,3 +122,138 @@ def plot_concentration_vs_init(records: list[dict], path: str | os.PathLike) -> 
     ax.set_title("Concentration of the c-feature vs init scale")
     ax.legend()
     _save(fig, path)
+
+
+# =========================================================================== attention
+
+
+@dataclass
+class AttentionPicture:
+    """A drawn attention figure and the data behind it.
+
+    patterns[condition][i] is the (T, T) pattern drawn for heads[i] (rows: query positions,
+    columns: key positions; each row sums to 1 over the keys the query may see). condition is
+    "intact", or the removed heads' name ("L3H1+L5H0").
+    """
+
+    figure: object  # matplotlib.figure.Figure
+    tokens: list[str]  # T labels, one per position
+    layer: int
+    heads: tuple[int, ...]  # the heads drawn, in order
+    patterns: dict[str, np.ndarray] = field(default_factory=dict)  # condition -> (n, T, T)
+    path: str | None = None
+
+
+def token_labels(model, ids) -> list[str]:
+    """One readable label per token: a leading space as '␣', newlines and tabs escaped."""
+    labels = []
+    for i in ids:
+        text = model.decode([int(i)]) if model.tokenizer is not None else str(int(i))
+        labels.append(text.replace(" ", "\u2423").replace("\n", "\\n").replace("\t", "\\t"))
+    return labels
+
+
+def attention_pattern(
+    model,
+    text,
+    layer: int,
+    head: int | None = None,
+    *,
+    ablate=None,
+    ablation: str = "zero",
+    reference=None,
+    mean_z=None,
+    path: str | os.PathLike | None = None,
+) -> AttentionPicture:
+    """Draw the attention pattern of head `head` of layer `layer` on `text` (both 0-based).
+
+    text: a string, or a list of token ids (models without a tokenizer). head=None draws every
+    head of the layer in a grid. ablate (any spelling of cel_numpy.heads, e.g. "L10H3+L11H5"):
+    draw the intact model and the model with those heads removed side by side (removing a head
+    acts on its output z, so only layers above the lowest removed one can change).
+    ablation / reference / mean_z: as in Model.logits. path: also save the figure there as PNG.
+    Returns an AttentionPicture (the figure and the patterns drawn).
+    """
+    c = model.config
+    if not (isinstance(layer, (int, np.integer)) and 0 <= layer < c.n_layers):
+        raise InvalidHeadError(
+            f"layer {layer!r} is not in the model: it has {c.n_layers} layers, 0 to "
+            f"{c.n_layers - 1} (counted from 0)"
+        )
+    if head is not None and not (isinstance(head, (int, np.integer)) and 0 <= head < c.n_heads):
+        raise InvalidHeadError(
+            f"head {head!r} is not in layer {layer}: it has {c.n_heads} heads, 0 to "
+            f"{c.n_heads - 1} (counted from 0)"
+        )
+    removed = parse_heads(ablate, what="ablate") if ablate is not None else ()
+    ids = model.encode(text) if isinstance(text, str) else [int(i) for i in text]
+    if not ids:
+        raise PromptError("the text encodes to no tokens: give some text")
+    if len(ids) > c.n_ctx:
+        raise PromptError(
+            f"the text is {len(ids)} tokens, more than the model's context of {c.n_ctx}: shorten it"
+        )
+    heads = tuple(range(c.n_heads)) if head is None else (int(head),)
+    name = f"blocks.{layer}.attn.pattern"
+    _, cache = model.run_with_cache([ids])
+    patterns = {"intact": np.asarray(cache[name][0])[list(heads)]}  # (n, T, T)
+    if removed:
+        _, cache = model.run_with_cache(
+            [ids], ablate=removed, ablation=ablation, reference=reference, mean_z=mean_z
+        )
+        patterns[heads_name(removed)] = np.asarray(cache[name][0])[list(heads)]
+    picture = AttentionPicture(None, token_labels(model, ids), int(layer), heads, patterns)
+    picture.figure = _draw_attention(picture, removed)
+    if path is not None:
+        picture.figure.savefig(path, dpi=120)
+        picture.path = str(path)
+    return picture
+
+
+def _draw_attention(picture: AttentionPicture, removed) -> object:
+    plt = _pyplot()
+    conditions = list(picture.patterns)
+    n, T = len(picture.heads), len(picture.tokens)
+    if n == 1:  # one head: intact (and ablated) side by side
+        rows, cols = 1, len(conditions)
+        cells = [(cond, 0) for cond in conditions]
+    elif len(conditions) == 1:  # one layer's heads in a near-square grid
+        cols = math.ceil(math.sqrt(n))
+        rows = math.ceil(n / cols)
+        cells = [(conditions[0], i) for i in range(n)]
+    else:  # every head of the layer, intact above, ablated below
+        rows, cols = len(conditions), n
+        cells = [(cond, i) for cond in conditions for i in range(n)]
+    size = 0.9 + 0.16 * T if n == 1 else 0.6 + 0.09 * T
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(cols * size + 1.0, rows * size + 0.6), squeeze=False
+    )
+    font = 8 if n == 1 else 5
+    image = None
+    for k, ax in enumerate(axes.flat):
+        if k >= len(cells):
+            ax.axis("off")
+            continue
+        cond, i = cells[k]
+        image = ax.imshow(picture.patterns[cond][i], cmap="Blues", vmin=0.0, vmax=1.0)
+        title = head_name((picture.layer, picture.heads[i]))
+        if (picture.layer, picture.heads[i]) in removed:
+            title += " (removed)"
+        if n == 1 and len(conditions) > 1:  # one head: the condition goes in the title
+            title += "\n" + ("intact" if cond == "intact" else f"without {cond}")
+        r, col = divmod(k, cols)
+        if n > 1 and len(conditions) > 1 and r > 0:
+            title = ""  # the row label names the condition; the top row names the heads
+        ax.set_title(title, fontsize=font + 2)
+        ax.set_xticks(range(T))
+        ax.set_yticks(range(T))
+        ax.set_xticklabels(picture.tokens if r == rows - 1 or n == 1 else [], rotation=90)
+        ax.set_yticklabels(picture.tokens if col == 0 else [])
+        ax.tick_params(labelsize=font, length=0)
+        if n > 1 and len(conditions) > 1 and col == 0:
+            label = "intact" if cond == "intact" else f"without {cond}"
+            ax.set_ylabel(label, fontsize=font + 3)
+    fig.supxlabel("key (attended to)", fontsize=9)
+    fig.supylabel("query", fontsize=9)
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
+    return fig

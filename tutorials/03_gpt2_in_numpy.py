@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import cel_numpy as cn
+from cel_numpy.heads import head_name
 from cel_numpy.ops import GELU_C, log_softmax
 
 FAST = (
@@ -129,13 +130,29 @@ by_hand = (
 assert np.allclose(by_hand, logits, atol=1e-10)
 assert np.shares_memory(p["unembed"]["W_U"], p["embed"]["W_E"])
 
-print("attention pattern of head 0.0, prompt 1 (left-padded: the pad columns get 0):")
-print(np.round(cache["blocks.0.attn.pattern"][1, 0], 2))
+
+# %% [markdown]
+# ## A picture of attention
+#
+# `cel_numpy.plots.attention_pattern(model, text, layer, head)` draws the pattern we just
+# recomputed: row $t$ is the query at token $t$, column $s$ the key it reads, each row sums to 1
+# and nothing sits above the diagonal. Heads are named `L0H1` (layer 0, head 1; counted from 0).
+# The random model's patterns mean nothing; tutorial 04 draws SmolLM2's. In a notebook the figure
+# shows below the cell; as a script it is written to the working directory.
+
+# %%
+from cel_numpy.plots import attention_pattern  # noqa: E402
+
+text = prompts[0]  # a string works too when the model has a tokenizer
+picture = attention_pattern(model, text, 0, 1, path="attention_L0H1.png")
+print("wrote attention_L0H1.png; axes labelled", picture.tokens)
+assert np.allclose(picture.patterns["intact"][0], pattern[0, 1], atol=1e-12)  # our softmax above
 
 # %% [markdown]
 # ## Remove one head
 #
-# Zero ablation replaces $z_h$ by 0 before $W_O$; heads are named (layer, head), 0-based.
+# Zero ablation replaces $z_h$ by 0 before $W_O$. `ablate=` takes heads as `"L0H1"`,
+# `"L0H1+L1H3"` or `(layer, head)` pairs, all counted from 0.
 # We measure how far each head moves the next-token distribution of prompt 0 (KL divergence
 # from the intact one) and keep the head that moves it most.
 
@@ -160,10 +177,10 @@ for head in heads:
     ablated = next_token_logprobs(ablate=[head])
     kl[head] = float(np.sum(np.exp(intact[0]) * (intact[0] - ablated[0])))
 best = max(kl, key=kl.get)
-print(f"head {best} moves prompt 0's next-token distribution most: KL = {kl[best]:.4f}")
+print(f"{head_name(best)} moves prompt 0's next-token distribution most: KL = {kl[best]:.4f}")
 
 show_top(intact[0], "intact")
-show_top(next_token_logprobs(ablate=[best])[0], f"zero-ablate {best}")
+show_top(next_token_logprobs(ablate=[best])[0], f"zero-ablate {head_name(best)}")
 
 # %% [markdown]
 # **Mean ablation** replaces $z_h$ by its average over all real positions of a reference batch
@@ -172,7 +189,7 @@ show_top(next_token_logprobs(ablate=[best])[0], f"zero-ablate {best}")
 
 # %%
 mean_ablated = next_token_logprobs(ablate=[best], ablation="mean", reference=prompts)
-show_top(mean_ablated[0], f"mean-ablate {best}")
+show_top(mean_ablated[0], f"mean-ablate {head_name(best)}")
 kl_mean = float(np.sum(np.exp(intact[0]) * (intact[0] - mean_ablated[0])))
 print(f"KL zero: {kl[best]:.4f}   KL mean: {kl_mean:.4f}")
 

@@ -23,6 +23,7 @@ import numpy as np
 
 import cel_numpy as cn
 from cel_numpy.attention import rotary_forward, rotary_tables
+from cel_numpy.heads import head_name
 from cel_numpy.models.model import Model
 from cel_numpy.models.transformer import blocks_forward, prepare_inputs, unembed
 from cel_numpy.models.weights import permute_rotary_rows
@@ -215,21 +216,59 @@ assert np.isclose(
 
 ranked = sorted(effect, key=effect.get)
 for head in ranked[:3]:
-    print(f"  ablating {head} changes log P(' Paris') by {effect[head]:+.3f}")
+    print(f"  ablating {head_name(head)} changes log P(' Paris') by {effect[head]:+.3f}")
 print("  ...")
 for head in ranked[-2:]:
-    print(f"  ablating {head} changes log P(' Paris') by {effect[head]:+.3f}")
+    print(f"  ablating {head_name(head)} changes log P(' Paris') by {effect[head]:+.3f}")
 
 worst = ranked[0]
 show_top(
     log_softmax(model.next_token_logits([ids], ablate=[worst])[0].astype(np.float64)),
-    f"zero-ablate {worst}",
+    f"zero-ablate {head_name(worst)}",
 )
 mean_z = model.mean_z(
     [model.encode(t) for t in ["The capital of Spain is Madrid.", "Berlin is in Germany.", prompt]]
 )
 show_top(log_softmax(model.next_token_logits([ids], ablate=[worst], ablation="mean", mean_z=mean_z)[0].astype(np.float64)),
-         f"mean-ablate {worst}")  # fmt: skip
+         f"mean-ablate {head_name(worst)}")  # fmt: skip
+
+# %% [markdown]
+# ## Pictures of attention
+#
+# `cel_numpy.plots.attention_pattern(model, text, layer, head)` draws one head's pattern: row
+# $t$ is the query at token $t$, column $s$ the key it reads, and each row sums to 1. Heads are
+# named `L23H0` (layer 23, head 0; counted from 0). With `ablate=` it draws the same head intact
+# and with other heads removed. The README's capitals heads are L10H3, L11H5 and L23H0: removed
+# together they raise few-shot capital accuracy. Removal acts on a head's output, so a head's own
+# pattern can only change through heads in lower layers: here L23H0's pattern moves because
+# L10H3 and L11H5 are gone. (In a notebook the figures show below the cell; as a script they are
+# written to the working directory.)
+
+# %%
+from cel_numpy.plots import attention_pattern  # noqa: E402
+
+capitals_heads = "L10H3+L11H5+L23H0"
+few_shot = "France: Paris\nJapan: Tokyo\nItaly: Rome\nNepal:"
+picture = attention_pattern(
+    model, few_shot, 23, 0, ablate=capitals_heads, path="attention_L23H0.png"
+)
+print("wrote attention_L23H0.png:", len(picture.tokens), "tokens:", picture.tokens)
+last = {cond: pattern[0, -1] for cond, pattern in picture.patterns.items()}  # the query " :"
+for cond, row in last.items():
+    top = np.argsort(-row)[:3]
+    print(f"{cond:>18}: the last token reads " + ", ".join(
+        f"{picture.tokens[s]!r} {row[s]:.2f}" for s in top))  # fmt: skip
+print("intact :", repr(model.generate(few_shot, 4).split("\n")[0]))
+print("without:", repr(model.generate(few_shot, 4, ablate=capitals_heads).split("\n")[0]))
+
+# %% [markdown]
+# Every head of one layer at once (`head=None`): a grid. Layer 10 holds L10H3.
+
+# %%
+grid = attention_pattern(model, few_shot, 10, path="attention_layer10.png")
+print("wrote attention_layer10.png:", len(grid.heads), "heads")
+for pattern in (*picture.patterns.values(), grid.patterns["intact"]):
+    assert np.allclose(pattern.sum(axis=-1), 1.0, atol=1e-5)  # every row is a distribution
 
 # %% [markdown]
 # ## Generation with a KV cache
@@ -247,7 +286,7 @@ t0 = time.perf_counter()
 recomputed = model.generate_ids([ids], n_new, use_cache=False)
 t_full = time.perf_counter() - t0
 print(f"{prompt}|{model.decode(with_cache[0])}   (cache {t_cache:.2f} s, recompute {t_full:.2f} s)")
-print(f"with head {worst} removed: {prompt}|{model.generate(prompt, n_new, ablate=[worst])}")
+print(f"with {head_name(worst)} removed: {prompt}|{model.generate(prompt, n_new, ablate=[worst])}")
 
 # %% [markdown]
 # ## Checks

@@ -1,8 +1,9 @@
-"""`cel-numpy fetch | inspect | generate`: the real-model subcommands.
+"""`cel-numpy fetch | inspect | generate | attention`: the real-model subcommands.
 
 cel-numpy fetch smollm2
 cel-numpy inspect --model smollm2
 cel-numpy generate --model smollm2 "The capital of France is" --ablate L3H1+L5H0 --ablation zero
+cel-numpy attention --model smollm2 "The capital of France is" --layer 11 --ablate L10H3 --out a.png
 """
 
 from __future__ import annotations
@@ -51,6 +52,37 @@ def register(subparsers) -> None:
     )
     p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     p.set_defaults(func=cmd_generate)
+
+    p = subparsers.add_parser(
+        "attention",
+        help="draw attention patterns (one head, or every head of a layer) to a PNG",
+        description="Draw the attention pattern of one head (--head) or of every head of a layer "
+        "on TEXT, with token labels on both axes; with --ablate, intact and with those heads "
+        "removed side by side. Layers and heads count from 0.",
+    )
+    p.add_argument("text", help="text to run the model on")
+    p.add_argument(
+        "--model", default="smollm2", help="known name, HF folder, .gguf or .npz (default: smollm2)"
+    )
+    p.add_argument("--layer", type=int, required=True, help="layer to draw (from 0)")
+    p.add_argument("--head", type=int, default=None, help="one head (from 0); default: all")
+    p.add_argument(
+        "--ablate",
+        default=None,
+        metavar="HEADS",
+        help="also draw the model with these heads removed, e.g. L10H3 or L10H3+L11H5",
+    )
+    p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
+    p.add_argument(
+        "--reference",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="reference text for mean ablation (repeatable); default: the text itself",
+    )
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    p.set_defaults(func=cmd_attention)
 
 
 def parse_heads(spec: str | None) -> list[tuple[int, int]]:
@@ -192,4 +224,58 @@ def cmd_generate(args) -> int:
         if args.max_new_tokens:
             new = model.generate_ids([ids], args.max_new_tokens, **kw)[0]
             print(f"[{label}] greedy: {args.prompt!r} + {model.decode(new)!r}")
+    return 0
+
+
+def cmd_attention(args) -> int:
+    from pathlib import Path
+
+    from cel_numpy.models.loaders import load_model
+    from cel_numpy.plots import attention_pattern
+
+    removed = parse_heads(args.ablate)  # every check that needs no model comes before loading it
+    out = Path(args.out)
+    if out.suffix.lower() != ".png":
+        raise OptionError(f"--out {out} must be a .png file")
+    if out.is_dir() or not out.parent.is_dir():
+        raise OptionError(f"--out {out}: give a file in an existing directory")
+    if not args.text:
+        raise PromptError("the text is empty: give some text")
+    if args.reference and not (removed and args.ablation == "mean"):
+        raise OptionError("--reference is only used by --ablation mean with --ablate")
+
+    def check(config) -> None:
+        check_heads(removed, config)
+        if not 0 <= args.layer < config.n_layers:
+            raise OptionError(
+                f"--layer {args.layer}: the model has {config.n_layers} layers, 0 to "
+                f"{config.n_layers - 1} (counted from 0)"
+            )
+        if args.head is not None and not 0 <= args.head < config.n_heads:
+            raise OptionError(
+                f"--head {args.head}: the model has {config.n_heads} heads per layer, 0 to "
+                f"{config.n_heads - 1} (counted from 0)"
+            )
+
+    model = load_model(args.model, dtype=args.dtype, check_config=check)
+    ids = model.encode(args.text)
+    check_prompt(ids, 0, model.config.n_ctx, "the text")
+    reference = None
+    if removed and args.ablation == "mean":
+        reference = [model.encode(t) for t in (args.reference or [args.text])]
+        for ref in reference:
+            check_prompt(ref, 0, model.config.n_ctx, "a --reference text")
+    picture = attention_pattern(
+        model,
+        ids,
+        args.layer,
+        args.head,
+        ablate=removed or None,
+        ablation=args.ablation,
+        reference=reference,
+        path=out,
+    )
+    what = "every head" if args.head is None else f"head {args.head}"
+    removed_text = f", intact and without {head_notation.heads_name(removed)}" if removed else ""
+    print(f"layer {args.layer}, {what}{removed_text}, {len(picture.tokens)} tokens: wrote {out}")
     return 0
