@@ -5,7 +5,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench bench-forward clean
+NB_STAMP := $(VENV)/.notebooks
+
+.PHONY: demo test notebooks bench bench-forward clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +20,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# executed notebooks of every tutorial in tutorials/notebooks/ (the `notebooks` extra: jupytext, nbclient)
+notebooks: $(NB_STAMP)
+	$(BIN)/python scripts/make_notebooks.py
+
+$(NB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,notebooks]'
+	touch $(NB_STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_theory.py

@@ -6,6 +6,8 @@
 `import cel_numpy` stays cheap: the model code is imported on first use.
 """
 
+from pathlib import Path
+
 
 def load_model(source, *, dtype="float32"):
     """Load a Model from a known name ("smollm2"), a HF folder, a .gguf or a .npz export.
@@ -17,4 +19,15 @@ def load_model(source, *, dtype="float32"):
     return _load_model(source, dtype=dtype)
 
 
-__all__ = ["load_model"]
+def fixtures_dir() -> Path:
+    """The folder of the tiny random models that ship inside the package, for tutorials.
+
+    fixtures_dir() / "tiny_gpt2" (2 layers, 4 heads, vocabulary 96) and "tiny_llama" (2 layers,
+    4 query heads sharing 2 key/value heads): Hugging Face folders (config.json +
+    model.safetensors), byte-identical to the test fixtures of the same names. Found from the
+    installed package, so a tutorial or notebook runs from any working directory.
+    """
+    return Path(__file__).resolve().parent / "fixtures"
+
+
+__all__ = ["fixtures_dir", "load_model"]

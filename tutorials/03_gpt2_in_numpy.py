@@ -5,7 +5,7 @@
 # forward pass through its **named activations** -- recomputing each from the weights with
 # plain NumPy -- and then remove one attention head and watch the next-token distribution move.
 #
-# Which model: the tiny random GPT-2 from the test fixtures (2 layers, 4 heads, vocabulary 96),
+# Which model: the tiny random GPT-2 that ships with the package (2 layers, 4 heads, vocabulary 96),
 # unless the environment variable `CEL_NUMPY_GPT2` names a real one: a Hugging Face GPT-2
 # folder (config.json + model.safetensors + vocab.json/merges.txt) or a `.npz` export
 # (`scripts/export_gpt2_npz.py`). Everything below works for both.
@@ -19,7 +19,6 @@
 
 # %%
 import os
-from pathlib import Path
 
 import numpy as np
 
@@ -30,8 +29,7 @@ from cel_numpy.ops import GELU_C, log_softmax
 FAST = (
     os.environ.get("CEL_NUMPY_FAST") == "1"
 )  # the test suite sets this; the tiny model is fast anyway
-ROOT = Path(__file__).resolve().parents[1] if "__file__" in globals() else Path.cwd().parent
-source = os.environ.get("CEL_NUMPY_GPT2") or ROOT / "tests" / "fixtures" / "tiny_gpt2"
+source = os.environ.get("CEL_NUMPY_GPT2") or cn.fixtures_dir() / "tiny_gpt2"  # in the package
 
 model = cn.load_model(source, dtype="float64")  # float64: hand recomputation agrees to ~1e-12
 cfg = model.config

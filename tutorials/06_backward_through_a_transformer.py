@@ -4,7 +4,7 @@
 # Tutorial 01 took the attention core apart. Here we take apart the backward pass of a whole
 # Llama block, check it, move to the whole model (`Model.loss_and_grads`), and use the gradient
 # with respect to the head mask to predict what removing each head would do. The model is the
-# tiny random Llama of the test fixtures (2 layers, 4 query heads sharing 2 key/value heads,
+# tiny random Llama that ships with the package (2 layers, 4 query heads sharing 2 key/value heads,
 # rotary, SwiGLU), in float64 so that finite differences are meaningful.
 # A block (pre-norm, RMSNorm with weights $w$, head mask $m$, everything per position):
 # $$\text{mid} = x + \sum_h m_h\, z_h W_O^{h},\quad
@@ -15,7 +15,6 @@
 
 # %%
 import os
-from pathlib import Path
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -37,8 +36,7 @@ from cel_numpy.ops import (
 FAST = (
     os.environ.get("CEL_NUMPY_FAST") == "1"
 )  # the test suite sets this: sampled elementwise checks
-ROOT = Path(__file__).resolve().parents[1] if "__file__" in globals() else Path.cwd().parent
-FIXTURES = ROOT / "tests" / "fixtures"
+FIXTURES = cn.fixtures_dir()  # tiny random models shipped with the package: any working directory
 rng = np.random.default_rng(0)
 
 model = cn.load_model(FIXTURES / "tiny_llama", dtype="float64")
