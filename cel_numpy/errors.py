@@ -14,6 +14,7 @@
     +-- RunDirError                    a run directory that does not validate, or is locked
     +-- InvalidHeadError (ValueError)  an ablation names a head the model does not have
     +-- NoTokenizerError (RuntimeError)  text given to a model loaded without tokenizer files
+    +-- DivergenceError (FloatingPointError)  training diverged (a learning rate too large)
     +-- WorkerError                    a worker process died (e.g. the out-of-memory killer);
                                        rerunning resumes
 
@@ -98,3 +99,7 @@ class NoTokenizerError(UserError, RuntimeError):
 
 class WorkerError(UserError):
     """A worker process of `localize --workers N` died from outside; the run resumes when rerun."""
+
+
+class DivergenceError(UserError, FloatingPointError):
+    """Gradient descent diverged (non-finite or exploding loss): the learning rate is too large."""

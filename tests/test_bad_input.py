@@ -182,6 +182,30 @@ def _lock_held(tmp: Path) -> list[str]:
     return _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
 
 
+def _lock_huge_pid(tmp: Path) -> list[str]:
+    (tmp / "run").mkdir()
+    (tmp / "run" / "lock").write_text(f"{10**20} {socket.gethostname()} 2026-01-01T00:00:00\n")
+    return _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
+
+
+def _finished_baseline(tmp: Path) -> list[str]:
+    argv = _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
+    assert run_cli(argv + ["--stage", "baseline"])[0] == 0
+    return argv + ["--stage", "screen"]
+
+
+def _manifest_wrong_shape(tmp: Path) -> list[str]:
+    argv = _finished_baseline(tmp)
+    (tmp / "run" / "manifest.json").write_text("[1, 2, 3]\n")
+    return argv
+
+
+def _done_wrong_shape(tmp: Path) -> list[str]:
+    argv = _finished_baseline(tmp)
+    (tmp / "run" / "baseline.done.json").write_text('"done"\n')
+    return argv
+
+
 CASES = [
     # ------------------------------------------------------------------ model files
     Case(
@@ -618,6 +642,52 @@ CASES = [
         lambda t: ["theory", "--p-a", "1.5", "--out", str(t / "theory")],
         r"--p-a must lie in \[0, 1\], got 1\.5",
     ),
+    Case(
+        "theory-heads-huge",
+        "theory --heads 1000000",
+        lambda t: ["theory", "--heads", "1000000", "--out", str(t / "theory")],
+        r"--heads must lie in \[1, 64\] \(the analysis ablates every set of up to 3 heads\), "
+        r"got 1000000",
+    ),
+    Case(
+        "theory-batch-huge",
+        "theory --batch 1000000000 (the numbers are this machine's memory)",
+        lambda t: ["theory", "--batch", "1000000000", "--out", str(t / "theory")],
+        r"--batch 1000000000 needs about \S+ GiB with --heads 4, more than half of this "
+        r"machine's \S+ GiB: use a smaller --batch",
+        os_dependent=True,
+    ),
+    Case(
+        "theory-lr-inf",
+        "theory --lr inf",
+        lambda t: ["theory", "--lr", "inf", "--out", str(t / "theory")],
+        r"--lr must be a finite number > 0, got inf",
+    ),
+    Case(
+        "theory-lr-diverges",
+        "theory --lr 1e6 (training diverges)",
+        lambda t: ["theory", "--lr", "1e6", "--steps", "50", "--quiet", "--out", str(t / "th")],
+        r"training diverged at step \d+ \(batch loss \S+, first \S+\): lower the learning rate "
+        r"\(--lr, now 1e\+06\)",
+    ),
+    Case(
+        "ablate-empty",
+        "--ablate ''",
+        lambda t: ["generate", "--model", "smollm2", "hi", "--ablate", ""],
+        r"--ablate: an empty head list",
+    ),
+    Case(
+        "ablate-repeated-head",
+        "--ablate L1H2 --ablate L1H2 (repeated --ablate adds up; the same head twice is refused)",
+        lambda t: ["generate", "--model", "smollm2", "hi", "--ablate", "L1H2", "--ablate", "L1H2"],
+        r"--ablate: L1H2 is given twice",
+    ),
+    Case(
+        "cross-task-twice",
+        "localize --cross-tasks ioi,ioi",
+        lambda t: _localize("smollm2", t / "run", "--task", "capitals", "--cross-tasks", "ioi,ioi"),
+        r"--cross-tasks: 'ioi' is given twice",
+    ),
     # ------------------------------------------------------------------ run directories
     Case(
         "run-different-options",
@@ -630,6 +700,24 @@ CASES = [
         "a run directory another live process writes to",
         _lock_held,
         r"lock is held by pid 1 on \S+: another run is writing here",
+    ),
+    Case(
+        "lock-huge-pid",
+        "a lock file naming pid 10^20 (no process can have it), its flock free",
+        _lock_huge_pid,
+        r"run/lock is damaged \(not 'PID HOST TIME'\); no run holds it now: delete it and rerun",
+    ),
+    Case(
+        "manifest-wrong-shape",
+        "manifest.json holding valid JSON of another shape (a list)",
+        _manifest_wrong_shape,
+        r"run/manifest\.json holds a JSON list, not the object cel-numpy writes; use a fresh --out",
+    ),
+    Case(
+        "done-wrong-shape",
+        "a done-file holding valid JSON of another shape (a string)",
+        _done_wrong_shape,
+        r"run/baseline\.done\.json holds a JSON str, not the object cel-numpy writes; use a fresh",
     ),
 ]
 

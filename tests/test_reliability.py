@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_bad_input import run_cli
 
 
@@ -99,3 +100,54 @@ def test_a_non_utf8_path_is_printed_with_a_replacement_not_a_crash(tmp_path):
     report = proc.stdout.decode("utf-8").splitlines()[-1]
     assert report == f"report: {tmp_path}/caf\ufffd-run/report.md", report
     assert os.path.exists(out + b"/report.md")
+
+
+# --------------------------------------------------------------------------- odd inputs, API
+
+
+def test_repeated_ablate_removes_every_head_given(tmp_path):
+    from test_bad_input import copy_fixture, with_tokenizer
+
+    model = str(with_tokenizer(copy_fixture(tmp_path, "tiny_gpt2")))
+    outputs = {}
+    for name, flags in {
+        "repeated": ["--ablate", "L0H1", "--ablate", "L1H3"],
+        "joined": ["--ablate", "L0H1+L1H3"],
+        "last only": ["--ablate", "L1H3"],
+    }.items():
+        import contextlib
+        import io
+
+        from cel_numpy.cli import main
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert (
+                main(["generate", "--model", model, "hello", "--max-new-tokens", "4", *flags]) == 0
+            )
+        outputs[name] = out.getvalue()
+    assert outputs["repeated"] == outputs["joined"]
+    assert outputs["repeated"] != outputs["last only"]
+
+
+def test_float_token_ids_and_head_indices_are_refused_through_the_api():
+    import cel_numpy as cn
+    from cel_numpy.errors import OptionError, PromptError
+    from test_bad_input import FIXTURES
+
+    model = cn.load_model(FIXTURES / "tiny_gpt2")
+    with pytest.raises(PromptError, match=r"token ids must be integers, got 2\.5 \(float\)"):
+        model.logits([[1, 2.5, 3]])
+    with pytest.raises(PromptError, match=r"token ids must be integers, got 1\.0"):
+        model.generate_ids([[1.0, 2.0]], max_new_tokens=1)
+    with pytest.raises(PromptError, match="token ids must be integers"):
+        model.logits(np.array([[1.0, 2.0]]))
+    with pytest.raises(PromptError, match=r"token id -1 is out of range: the vocabulary has ids 0"):
+        model.logits([[5, -1]])
+    with pytest.raises(PromptError, match="token id 96 is out of range"):
+        model.logits([[96]])
+    with pytest.raises(OptionError, match="is not a head"):
+        model.logits([[1, 2]], ablate=[(0, 1.0)])
+    with pytest.raises(OptionError, match="is not a head"):
+        model.logits([[1, 2]], ablate=[(0.0, 1)])
+    assert model.logits([[1, 2]], ablate=[(np.int64(0), 1)]).shape[-1] == 96

@@ -403,7 +403,7 @@ def test_cli_bad_input_is_a_user_error(tmp_path):
 
     with pytest.raises(UserError, match="p-a"):
         _run_cli(["theory", "--p-a", "1.5", "--out", str(tmp_path)])
-    with pytest.raises(UserError, match="n_heads"):
+    with pytest.raises(UserError, match="--heads must lie in"):
         _run_cli(["theory", "--heads", "0", "--out", str(tmp_path)])
 
 

@@ -146,7 +146,12 @@ def file_identity(path: Path) -> dict:
 
 
 def _split(names: str) -> list[str]:
-    return [n.strip() for n in names.split(",") if n.strip()]
+    """--cross-tasks 'a,b' -> ['a', 'b']; a name given twice is an OptionError."""
+    out = [n.strip() for n in names.split(",") if n.strip()]
+    for i, name in enumerate(out):
+        if name.lower() in (n.lower() for n in out[:i]):
+            raise OptionError(f"--cross-tasks: {name!r} is given twice")
+    return out
 
 
 def is_theory(spec: str) -> bool:

@@ -69,7 +69,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cel_numpy.errors import RunDirError
+from cel_numpy.errors import RunDirError, one_line
 from cel_numpy.localize.conditions import Condition, ExampleResult, normalize_condition
 from cel_numpy.models.fetch import sha256_file
 from cel_numpy.tasks.base import Item
@@ -93,6 +93,22 @@ def json_dump(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+def read_json_object(path: Path, hint: str) -> dict:
+    """A run-directory JSON file that must hold one object; RunDirError naming it otherwise
+    (unreadable, not JSON, nested too deeply to parse, or valid JSON of another shape)."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise RunDirError(f"{path} is unreadable ({one_line(str(err))}); {hint}") from None
+    except RecursionError:
+        raise RunDirError(f"{path} is nested too deeply to be ours; {hint}") from None
+    if not isinstance(obj, dict):
+        raise RunDirError(
+            f"{path} holds a JSON {type(obj).__name__}, not the object cel-numpy writes; {hint}"
+        )
+    return obj
+
+
 # --------------------------------------------------------------------------- directory and lock
 
 
@@ -113,6 +129,9 @@ def prepare_out(out: Path) -> Path:
     if not out.is_dir():
         raise RunDirError(f"--out {out} is not a directory")
     return out
+
+
+MAX_PID = 2**22  # Linux's pid_max ceiling (4194304); larger numbers are not process ids
 
 
 def _pid_alive(pid: int) -> bool:
@@ -175,6 +194,12 @@ class Lock:
         else:
             raise RunDirError(f"{self.path} keeps changing: another run is starting here")
         owner = self._read_owner()
+        if owner is not None and owner[0] < 0:  # we hold the flock: nobody writes here now
+            os.close(fd)
+            raise RunDirError(
+                f"{self.path} is damaged (not 'PID HOST TIME'); no run holds it now: delete it "
+                "and rerun"
+            )
         if owner is not None:
             pid, host = owner
             if host != socket.gethostname() or _pid_alive(pid):
@@ -205,9 +230,12 @@ class Lock:
             return None
         try:
             pid_s, host, *_ = text.split()
-            return int(pid_s), host
+            pid = int(pid_s)
         except ValueError:
             return -1, "?"
+        if not 0 < pid <= MAX_PID:  # no process can have it
+            return -1, "?"
+        return pid, host
 
     def _held_message(self, owner) -> str:
         if owner is None or owner[0] < 0:
@@ -269,10 +297,7 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
     if not path.exists():
         json_dump(path, manifest)
         return manifest
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise RunDirError(f"{path} is unreadable ({err}); use a fresh --out") from None
+    old = read_json_object(path, "use a fresh --out")
     for key in MANIFEST_KEYS + OPTIONAL_MANIFEST_KEYS:
         if old.get(key) != manifest.get(key):
             raise RunDirError(
@@ -405,16 +430,17 @@ def read_blocks(
         try:
             d = json.loads(raw)
             ok = (
-                list(d) == ["block", "panel", "heads", "item", "correct", "answer"]
+                isinstance(d, dict)
+                and list(d) == ["block", "panel", "heads", "item", "correct", "answer"]
                 and isinstance(d["correct"], bool)
                 and isinstance(d["answer"], str)
             )
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            heads = normalize_condition(d["heads"]) if ok and isinstance(d["heads"], list) else None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError, TypeError):
             ok = False
         if not ok:
             raise RunDirError(f"{path}:{n}: malformed record; {_fresh_hint(stage)}")
         expected_item = items[len(current)].id
-        heads = normalize_condition(d["heads"]) if isinstance(d["heads"], list) else None
         if (
             d["block"] != block.name
             or d["panel"] != block.panel
@@ -449,10 +475,7 @@ def validate_done(
 ) -> tuple[list[list[ExampleResult]], dict]:
     """Check a finished stage against its done-file, the manifest and the plan; return its results."""
     records, done = stage_paths(run_dir, stage)
-    try:
-        info = json.loads(done.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise RunDirError(f"{done} is unreadable ({err}); {_fresh_hint(stage)}") from None
+    info = read_json_object(done, _fresh_hint(stage))
     if not records.exists():
         raise RunDirError(f"{records} is missing but {done.name} exists; {_fresh_hint(stage)}")
     if info.get("manifest_key") != manifest_key(manifest):
@@ -499,4 +522,8 @@ def write_done(
 
 def records_sha(run_dir: Path, stage: str) -> str:
     """sha256 of a finished stage's records, as its done-file states (used in `depends`)."""
-    return json.loads(stage_paths(run_dir, stage)[1].read_text())["sha256"]
+    done = stage_paths(run_dir, stage)[1]
+    sha = read_json_object(done, _fresh_hint(stage)).get("sha256")
+    if not isinstance(sha, str):
+        raise RunDirError(f"{done} has no sha256 of its records; {_fresh_hint(stage)}")
+    return sha

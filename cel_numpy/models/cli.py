@@ -38,9 +38,11 @@ def register(subparsers) -> None:
     p.add_argument("--top-k", type=int, default=5, help="show this many next-token candidates")
     p.add_argument(
         "--ablate",
+        action="append",
         default=None,
         metavar="HEADS",
-        help="heads to remove, e.g. L3H1 or L3H1+L5H0 (layer and head counted from 0)",
+        help="heads to remove, e.g. L3H1 or L3H1+L5H0 (layer and head counted from 0); "
+        "repeatable: --ablate L3H1 --ablate L5H0 removes both",
     )
     p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
     p.add_argument(
@@ -85,8 +87,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_attention)
 
 
-def parse_heads(spec: str | None) -> list[tuple[int, int]]:
-    """--ablate's value ("L3H1+L5H0", "L3H1,L5H0") -> [(3, 1), (5, 0)]; None -> []."""
+def parse_heads(spec: str | list[str] | None) -> list[tuple[int, int]]:
+    """--ablate's value(s) ("L3H1+L5H0", "L3H1,L5H0", or one per --ablate) -> [(3, 1), (5, 0)];
+    None -> []. Every given value counts (an empty one is an error, a head twice too)."""
+    if isinstance(spec, list):
+        for value in spec:
+            if not value.strip():
+                head_notation.parse_heads(value, what="--ablate")  # the empty-list error
+        spec = "+".join(spec)
     return list(head_notation.parse_heads(spec, what="--ablate"))
 
 

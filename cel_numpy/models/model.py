@@ -42,6 +42,10 @@ from cel_numpy.models.transformer import (
 ABLATIONS = ("zero", "mean")
 
 
+def _is_int(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, np.integer))
+
+
 class Model:
     """A loaded GPT-2 or Llama model. Stateless between calls: every intervention is an argument."""
 
@@ -131,6 +135,8 @@ class Model:
             raise PromptError(
                 "every prompt needs at least one token: an empty prompt has nothing to continue"
             )
+        for s in seqs:
+            self.check_ids(s)
         T = max(len(s) for s in seqs)
         ids = np.full((len(seqs), T), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(seqs), T), dtype=np.int64)
@@ -139,6 +145,28 @@ class Model:
             mask[b, T - len(s) :] = 1
         return ids, mask
 
+    def check_ids(self, ids) -> None:
+        """Token ids (one sequence, or a (B, T) array) must be integers in [0, vocab_size):
+        PromptError otherwise (a float id would be truncated, a negative one index from the end)."""
+        if isinstance(ids, np.ndarray) and np.issubdtype(ids.dtype, np.integer):
+            arr = ids
+        else:
+            values = ids.ravel().tolist() if isinstance(ids, np.ndarray) else list(ids)
+            bad = next((x for x in values if not _is_int(x)), None)
+            if bad is not None:
+                raise PromptError(
+                    f"token ids must be integers, got {bad!r} ({type(bad).__name__}): pass ints"
+                )
+            arr = np.asarray(values, dtype=np.int64)
+        if arr.size == 0:
+            return
+        low, high = int(arr.min()), int(arr.max())
+        if low < 0 or high >= self.config.vocab_size:
+            raise PromptError(
+                f"token id {low if low < 0 else high} is out of range: the vocabulary has ids 0 "
+                f"to {self.config.vocab_size - 1}"
+            )
+
     def as_batch(self, ids, attention_mask=None) -> tuple[np.ndarray, np.ndarray]:
         """ids as list of lists (padded here) or (B, T) array (mask of ones if not given)."""
         if isinstance(ids, np.ndarray):
@@ -146,6 +174,7 @@ class Model:
                 raise ValueError(
                     f"ids must be a (B, T) batch, got shape {ids.shape}: wrap one prompt as [ids]"
                 )
+            self.check_ids(ids)
             if attention_mask is None:
                 attention_mask = np.ones(ids.shape, dtype=np.int64)
             return ids, np.asarray(attention_mask)
@@ -155,6 +184,8 @@ class Model:
         if seqs and isinstance(seqs[0], str):
             seqs = [self.encode(s) for s in seqs]
         if attention_mask is not None:
+            for seq in seqs:
+                self.check_ids(seq)
             return np.asarray(seqs, dtype=np.int64), np.asarray(attention_mask)
         return self.pad(seqs)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 
 from cel_numpy.errors import OptionError
@@ -65,11 +67,51 @@ def register(subparsers) -> None:
     p.set_defaults(func=main)
 
 
+MAX_HEADS = 64  # the analysis ablates every set of up to 3 heads: C(64, 3) = 41664 sets
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def sample_bytes(n_heads: int, n_tokens: int = 8, n_types: int = 8, d_content: int = 8) -> int:
+    """A generous bound on the memory one sample takes in a training step or an evaluation
+    (measured: about 2.8 kB at the default sizes; inputs, per-head scores and gradients)."""
+    return 8 * n_tokens * (n_types + d_content + 2 * n_heads) * 3
+
+
+def check_memory(args) -> None:
+    """--batch and --eval-samples must fit in this machine's memory (not a MemoryError later)."""
+    memory = _physical_memory()
+    if memory is None:
+        return
+    for flag, n in (("--batch", args.batch), ("--eval-samples", args.eval_samples)):
+        need = n * sample_bytes(args.heads)
+        if need > memory // 2:
+            raise OptionError(
+                f"{flag} {n} needs about {need / 2**30:.3g} GiB with --heads {args.heads}, more "
+                f"than half of this machine's {memory / 2**30:.3g} GiB: use a smaller {flag}"
+            )
+
+
 def _config(args) -> TrainConfig:
     if not 0.0 <= args.p_a <= 1.0:
         raise OptionError(f"--p-a must lie in [0, 1], got {args.p_a}")
     if args.eval_samples < 100:
         raise OptionError(f"--eval-samples must be >= 100, got {args.eval_samples}")
+    if not 1 <= args.heads <= MAX_HEADS:
+        raise OptionError(
+            f"--heads must lie in [1, {MAX_HEADS}] (the analysis ablates every set of up to 3 "
+            f"heads), got {args.heads}"
+        )
+    for flag, value in (("--lr", args.lr), ("--init", args.init)):
+        if not 0 < value < math.inf:
+            raise OptionError(f"{flag} must be a finite number > 0, got {value}")
+    if args.batch >= 1 and args.eval_samples >= 100:
+        check_memory(args)
     try:
         return TrainConfig(
             n_heads=args.heads,
@@ -157,7 +199,15 @@ def main(args: argparse.Namespace) -> int:
             f"training H={config.n_heads} p_A={config.p_a} init={config.init_scale} for {config.steps} steps",
             file=sys.stderr,
         )
-    summary = run_theory(config, args.seed, out, eval_samples=args.eval_samples, progress=progress)
+    try:
+        summary = run_theory(
+            config, args.seed, out, eval_samples=args.eval_samples, progress=progress
+        )
+    except MemoryError:
+        raise OptionError(
+            f"out of memory with --heads {args.heads} --batch {args.batch} --eval-samples "
+            f"{args.eval_samples}: use smaller values"
+        ) from None
     print(format_table(summary))
     print(f"wrote {out / 'summary.json'}, params.npz and figures in {out}")
     return 0

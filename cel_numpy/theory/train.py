@@ -7,13 +7,19 @@ so the c-feature can be watched moving into one head as it happens.
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from cel_numpy.errors import DivergenceError
 from cel_numpy.theory.data import TASK_A, TASK_B, WorldConfig, sample_batch
 from cel_numpy.theory.model import init_params, loss_and_grads, loss_of
+
+# Gradient descent has diverged once a batch loss exceeds this multiple of the first one (on
+# this regression the loss only falls at a stable learning rate; 1e3 leaves room for noise).
+DIVERGED = 1e3
 
 
 @dataclass(frozen=True)
@@ -40,10 +46,10 @@ class TrainConfig:
         for name in ("n_heads", "steps", "batch_size", "log_every", "log_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.init_scale > 0:
-            raise ValueError(f"init_scale must be > 0, got {self.init_scale}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.init_scale < math.inf:
+            raise ValueError(f"init_scale must be a finite number > 0, got {self.init_scale}")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         _ = self.world  # validates the world sizes and p_a
 
     @property
@@ -109,12 +115,15 @@ def train(config: TrainConfig, rng: np.random.Generator, progress: bool = False)
         log.s_loading.append(s_load)
 
     record(0)
+    first_loss = None
     for step in range(1, config.steps + 1):
         batch = sample_batch(batch_rng, world, config.batch_size)
         loss, grads = loss_and_grads(params, batch)
-        if not np.isfinite(loss):
-            raise FloatingPointError(
-                f"training diverged at step {step} (loss {loss}); try a smaller lr"
+        first_loss = loss if first_loss is None else first_loss
+        if not np.isfinite(loss) or loss > DIVERGED * max(first_loss, 1e-3):
+            raise DivergenceError(
+                f"training diverged at step {step} (batch loss {loss:.3g}, first {first_loss:.3g}): "
+                f"lower the learning rate (--lr, now {config.lr:g})"
             )
         for name in params:
             params[name] -= config.lr * grads[name]
