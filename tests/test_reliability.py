@@ -131,9 +131,10 @@ def test_repeated_ablate_removes_every_head_given(tmp_path):
 
 
 def test_float_token_ids_and_head_indices_are_refused_through_the_api():
+    from test_bad_input import FIXTURES
+
     import cel_numpy as cn
     from cel_numpy.errors import OptionError, PromptError
-    from test_bad_input import FIXTURES
 
     model = cn.load_model(FIXTURES / "tiny_gpt2")
     with pytest.raises(PromptError, match=r"token ids must be integers, got 2\.5 \(float\)"):
