@@ -182,9 +182,9 @@ def _lock_held(tmp: Path) -> list[str]:
     return _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
 
 
-def _lock_huge_pid(tmp: Path) -> list[str]:
+def _lock_damaged(tmp: Path) -> list[str]:
     (tmp / "run").mkdir()
-    (tmp / "run" / "lock").write_text(f"{10**20} {socket.gethostname()} 2026-01-01T00:00:00\n")
+    (tmp / "run" / "lock").write_text("-3 \x00\x00\n")
     return _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
 
 
@@ -702,9 +702,9 @@ CASES = [
         r"lock is held by pid 1 on \S+: another run is writing here",
     ),
     Case(
-        "lock-huge-pid",
-        "a lock file naming pid 10^20 (no process can have it), its flock free",
-        _lock_huge_pid,
+        "lock-damaged",
+        "a lock file whose content is not 'PID HOST TIME', its flock free",
+        _lock_damaged,
         r"run/lock is damaged \(not 'PID HOST TIME'\); no run holds it now: delete it and rerun",
     ),
     Case(

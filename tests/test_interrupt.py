@@ -9,7 +9,8 @@ interruption the same command is rerun, and the test checks that
   * no finished condition is evaluated again: the resumed run evaluates exactly the joint
     conditions that were not complete on disk, in plan order, and nothing of the finished stages;
   * no partial record is accepted: a torn (unterminated) line left by a kill is dropped, a half
-    line appended to a finished stage's records is refused;
+    line appended to a finished stage's records is refused, an edited record of an unfinished
+    stage fails its block's checksum (<stage>.sums);
   * the results equal those of an uninterrupted run: every records file byte for byte, every
     done-file apart from its timestamp, finalists.json and report.json;
   * a second writer is refused by the lock while the first runs; a lock left by SIGKILL is
@@ -123,8 +124,9 @@ def start(
 
 
 def wait_for_joint_records(proc: subprocess.Popen, out: Path, timeout: float = 60.0) -> None:
-    """Return once the joint stage has appended its first chunk of blocks (the run is mid-stage)."""
-    records = out / "joint.jsonl"
+    """Return once the joint stage has appended its first chunk of blocks and their checksums
+    (the run is mid-stage)."""
+    records = out / "joint.sums"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if records.exists() and records.stat().st_size > 0:
@@ -149,6 +151,16 @@ def complete_blocks(records: Path) -> list[str]:
         assert len(set(names[i : i + N_DISCOVERY])) == 1, f"blocks interleaved at line {i + 1}"
         blocks.append(names[i])
     return blocks
+
+
+def kept_blocks(out: Path, stage: str) -> list[str]:
+    """The complete blocks a resume keeps: those with a checksum line in <stage>.sums (a kill
+    between writing a block and its checksum leaves the block to be recomputed)."""
+    path = out / f"{stage}.sums"
+    sums = path.read_bytes().split(b"\n")[:-1] if path.exists() else []
+    blocks = complete_blocks(out / f"{stage}.jsonl")
+    assert [line.split(b" ", 1)[1].decode() for line in sums] == blocks[: len(sums)]
+    return blocks[: len(sums)]
 
 
 def evaluations_by_stage(log: Path) -> dict[str, list[str]]:
@@ -227,7 +239,7 @@ def test_ctrl_c_mid_stage_then_resume(setup, tmp_path):
     ], stderr
     assert not (out / "lock").exists(), "Ctrl-C must release the lock"
     assert not (out / "joint.done.json").exists()
-    on_disk = complete_blocks(out / "joint.jsonl")
+    on_disk = kept_blocks(out, "joint")
     assert 0 < len(on_disk) < N_JOINT, "the interruption should land inside the joint stage"
 
     resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
@@ -242,7 +254,7 @@ def test_sigkill_mid_stage_torn_line_then_resume(setup, tmp_path):
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert (out / "lock").read_text().split()[0] == str(proc.pid), "SIGKILL leaves the lock behind"
-    on_disk = complete_blocks(out / "joint.jsonl")
+    on_disk = kept_blocks(out, "joint")
     assert 0 < len(on_disk) < N_JOINT
     with open(out / "joint.jsonl", "ab") as fh:  # a write cut short: half a record, no newline
         fh.write(b'{"block": "L0H1+L0H2", "panel": "discovery", "heads": [[0, 1], [0')
@@ -282,7 +294,7 @@ def test_ctrl_c_with_worker_processes_is_one_line(setup, tmp_path):
     assert stderr.splitlines() == [
         "cel-numpy localize: interrupted; rerun the same command to resume"
     ], stderr
-    on_disk = complete_blocks(out / "joint.jsonl")
+    on_disk = kept_blocks(out, "joint")
     resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
 
 
@@ -355,7 +367,7 @@ def test_killed_parent_takes_its_workers_along_and_the_rerun_resumes(setup, tmp_
         assert not (out / "lock").exists()
     else:
         assert proc.returncode == -signal.SIGKILL
-    on_disk = complete_blocks(out / "joint.jsonl")
+    on_disk = kept_blocks(out, "joint")
     assert 0 < len(on_disk) < N_JOINT
     resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
 
@@ -372,7 +384,7 @@ def test_sigterm_without_workers_is_like_ctrl_c(setup, tmp_path):
         "cel-numpy localize: terminated (SIGTERM); rerun the same command to resume"
     ], stderr
     assert not (out / "lock").exists(), "SIGTERM must release the lock"
-    on_disk = complete_blocks(out / "joint.jsonl")
+    on_disk = kept_blocks(out, "joint")
     resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
 
 
@@ -393,5 +405,62 @@ def test_a_worker_killed_from_outside_is_one_line_and_the_rerun_resumes(setup, t
         "command to resume (with fewer --workers if memory is short)"
     ], stderr
     assert wait_gone(workers, 5.0) == []
-    on_disk = complete_blocks(out / "joint.jsonl")
+    on_disk = kept_blocks(out, "joint")
     resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
+
+
+# --------------------------------------------------------------------------- block checksums
+
+
+def unfinished_joint(reference: Path, out: Path, keep_blocks: int) -> None:
+    """A copy of the reference run whose joint stage stopped after `keep_blocks` blocks."""
+    shutil.copytree(reference, out)
+    for name in ("joint.done.json", "finalists.json", "confirm.jsonl", "confirm.done.json"):
+        (out / name).unlink()
+    for stage in ("heldout", "crosstask"):
+        for suffix in (".jsonl", ".done.json", ".sums"):
+            (out / f"{stage}{suffix}").unlink(missing_ok=True)
+    (out / "confirm.sums").unlink(missing_ok=True)
+    for name in ("report.json", "report.md"):
+        (out / name).unlink(missing_ok=True)
+    records = (out / "joint.jsonl").read_bytes().split(b"\n")[:-1]
+    (out / "joint.jsonl").write_bytes(
+        b"".join(r + b"\n" for r in records[: keep_blocks * N_DISCOVERY])
+    )
+    sums = (out / "joint.sums").read_bytes().split(b"\n")[:-1]
+    (out / "joint.sums").write_bytes(b"".join(s + b"\n" for s in sums[:keep_blocks]))
+
+
+def test_an_edited_record_of_an_unfinished_stage_is_refused(setup, tmp_path, capsys):
+    """Each appended block carries a sha256 in joint.sums: flipping one record's verdict in a
+    complete block of an unfinished stage is refused on resume, naming the block."""
+    params, _, reference = setup
+    out = tmp_path / "run"
+    unfinished_joint(reference, out, keep_blocks=5)
+    lines = (out / "joint.jsonl").read_bytes().split(b"\n")
+    target = 2 * N_DISCOVERY + 3  # a record of the third block
+    record = json.loads(lines[target])
+    record["correct"] = not record["correct"]
+    lines[target] = json.dumps(record).encode()
+    (out / "joint.jsonl").write_bytes(b"\n".join(lines))
+    assert main(argv(params, out) + ["--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        f"cel-numpy localize: error: {out / 'joint.jsonl'}: block {record['block']} does not match "
+        "its checksum in joint.sums (edited or corrupted); use a fresh --out, or delete "
+        "joint.jsonl and joint.done.json (and every later stage) to redo it"
+    ], err
+
+
+def test_a_block_without_its_checksum_is_recomputed(setup, tmp_path):
+    """Killed between a block's records and its checksum: the block is dropped and recomputed,
+    and the result equals the uninterrupted run."""
+    params, driver, reference = setup
+    out = tmp_path / "run"
+    unfinished_joint(reference, out, keep_blocks=5)
+    sums = (out / "joint.sums").read_bytes().split(b"\n")[:-1]
+    (out / "joint.sums").write_bytes(b"".join(s + b"\n" for s in sums[:4]) + sums[4][:20])
+    on_disk = kept_blocks(out, "joint")
+    assert len(on_disk) == 4
+    stderr = resume_and_check(driver, params, out, reference, tmp_path / "resume.log", on_disk)
+    assert f"dropped {N_DISCOVERY} lines" in stderr

@@ -152,3 +152,22 @@ def test_float_token_ids_and_head_indices_are_refused_through_the_api():
     with pytest.raises(OptionError, match="is not a head"):
         model.logits([[1, 2]], ablate=[(0.0, 1)])
     assert model.logits([[1, 2]], ablate=[(np.int64(0), 1)]).shape[-1] == 96
+
+
+# --------------------------------------------------------------------------- run directories
+
+
+def test_a_lock_naming_an_impossible_pid_is_taken_over(tmp_path):
+    import socket
+
+    params = theory_params(tmp_path)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "lock").write_text(f"{10**20} {socket.gethostname()} 2026-01-01T00:00:00\n")
+    status, err = run_cli(localize_argv(params, out, "--stage", "baseline"))
+    assert status == 0, err
+    assert err.splitlines() == [
+        f"cel-numpy: taking over the stale lock {out / 'lock'} of pid {10**20} on "
+        f"{socket.gethostname()} (not running; it was killed before it could remove the lock)"
+    ]
+    assert not (out / "lock").exists()

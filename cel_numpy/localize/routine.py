@@ -236,12 +236,17 @@ class Localizer:
             blocks, good_bytes, dropped = rd.read_blocks(
                 records, plan, self.panels, stage, complete=False
             )
+            blocks, good_bytes, dropped = rd.check_sums(
+                self.out, stage, plan, blocks, good_bytes, dropped
+            )
             with open(records, "r+b") as fh:
                 fh.truncate(good_bytes)
             self._say(
                 f"{stage:<10} resuming after {len(blocks)} of {len(plan)} conditions"
                 + (f" (dropped {dropped} lines of an incomplete block)" if dropped else "")
             )
+        else:
+            rd.sums_path(self.out, stage).unlink(missing_ok=True)  # of records deleted to redo
         remaining = plan[len(blocks) :]
         chunks: list[list[rd.Block]] = []
         for block in remaining:
@@ -289,18 +294,23 @@ class Localizer:
                     raise RuntimeError(
                         f"evaluator returned {len(results)} result lists for {len(chunk)} conditions"
                     )
-                text = []
+                text, sums = [], []
                 for block, res in zip(chunk, results):
                     ids = [it.id for it in self.panels[block.panel]]
                     if [r.item_id for r in res] != ids:
                         raise RuntimeError(
                             f"evaluator results for {block.name} are not in panel order"
                         )
-                    text.extend(rd.record_line(block, r) for r in res)
+                    lines = "".join(rd.record_line(block, r) for r in res)
+                    text.append(lines)
+                    sums.append(rd.sum_line(block, lines))
                     blocks.append(res)
                 fh.write("".join(text).encode())
                 fh.flush()
                 os.fsync(fh.fileno())
+                rd.append_sums(
+                    self.out, stage, sums
+                )  # after the records: a block with a checksum is whole
                 bar.update(len(chunk))
         summary = summarize(blocks)
         rd.write_done(

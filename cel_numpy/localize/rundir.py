@@ -9,6 +9,7 @@ Layout (one run = one (model, task) = one directory):
     panels/heldout.jsonl
     panels/cross-<task>.jsonl
     <stage>.jsonl            one line per (condition, example), see `record_line`
+    <stage>.sums             one line per complete block: "<sha256 of its lines> <block name>"
     <stage>.done.json        written last: line count, sha256 of <stage>.jsonl, sha256 of the
                              records of the stages it depends on, the stage's per-condition summary
     finalists.json           the frozen top-10 of the joint search (written before confirmation)
@@ -40,7 +41,9 @@ Resume rules
       short by SIGKILL or a power loss) -- is dropped, cut off the file and recomputed. Only
       newline-terminated lines count as records, so a torn line is never parsed, even when its
       text happens to be valid JSON. Any malformed or mismatched *terminated* line is an error
-      (as above): it cannot come from an interrupted append.
+      (as above): it cannot come from an interrupted append. Every complete block kept must
+      match its checksum in <stage>.sums (appended after the block's records); a block without
+      one yet is dropped and recomputed (`check_sums`).
 
 Lock: `lock` holds "pid host started" and an exclusive flock(2) for as long as a run writes
 here; the kernel drops the flock when the process dies, however it dies. A second run is refused
@@ -135,6 +138,8 @@ MAX_PID = 2**22  # Linux's pid_max ceiling (4194304); larger numbers are not pro
 
 
 def _pid_alive(pid: int) -> bool:
+    if not 0 < pid <= MAX_PID:  # no process can have it (os.kill would overflow)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -233,7 +238,7 @@ class Lock:
             pid = int(pid_s)
         except ValueError:
             return -1, "?"
-        if not 0 < pid <= MAX_PID:  # no process can have it
+        if pid <= 0:
             return -1, "?"
         return pid, host
 
@@ -463,6 +468,64 @@ def read_blocks(
             f"{path}: {len(blocks)} complete blocks, the stage plans {len(plan)}; {_fresh_hint(stage)}"
         )
     return blocks, good_bytes, dropped
+
+
+def sums_path(run_dir: Path, stage: str) -> Path:
+    return Path(run_dir) / f"{stage}.sums"
+
+
+def sum_line(block: Block, text: str) -> str:
+    """The checksum line of one block's records: "<sha256 of its bytes> <block name>"."""
+    return f"{hashlib.sha256(text.encode()).hexdigest()} {block.name}\n"
+
+
+def append_sums(run_dir: Path, stage: str, lines: Sequence[str]) -> None:
+    """Append checksum lines (after the records they describe are on disk), with fsync."""
+    with open(sums_path(run_dir, stage), "ab") as fh:
+        fh.write("".join(lines).encode())
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def check_sums(
+    run_dir: Path,
+    stage: str,
+    plan: Sequence[Block],
+    blocks: list[list[ExampleResult]],
+    good_bytes: int,
+    dropped: int,
+) -> tuple[list[list[ExampleResult]], int, int]:
+    """Check the complete blocks of an unfinished stage against <stage>.sums.
+
+    A block whose bytes differ from its checksum is an error (an edited record). Blocks after
+    the last checksum (the run died between writing a block and its checksum) are dropped, to
+    be recomputed, like a torn line; so are checksums of blocks no longer in the records. Returns (blocks kept, their byte length, lines dropped).
+    Records without a .sums file were written by an older cel-numpy: kept unchecked.
+    """
+    records, sums = stage_paths(run_dir, stage)[0], sums_path(run_dir, stage)
+    if not sums.exists():
+        return blocks, good_bytes, dropped
+    lines = sums.read_bytes().split(b"\n")
+    lines.pop()  # a torn (unterminated) last line is not a checksum
+    del lines[len(blocks) :]  # checksums of records cut off the file: recomputed, like them
+    data = Path(records).read_bytes()[:good_bytes]
+    start = 0
+    for i, line in enumerate(lines):
+        end = start
+        for _ in blocks[i]:
+            end = data.index(b"\n", end) + 1
+        want = sum_line(plan[i], data[start:end].decode("utf-8", "surrogateescape")).encode()
+        if line + b"\n" != want:
+            raise RunDirError(
+                f"{records}: block {plan[i].name} does not match its checksum in {sums.name} "
+                f"(edited or corrupted); {_fresh_hint(stage)}"
+            )
+        start = end
+    keep = len(lines)
+    with open(sums, "r+b") as fh:  # drop a torn checksum line
+        fh.truncate(sum(len(line) + 1 for line in lines))
+    dropped += sum(len(b) for b in blocks[keep:])
+    return blocks[:keep], start, dropped
 
 
 def validate_done(
