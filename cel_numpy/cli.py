@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 
 from cel_numpy.errors import UserError, one_line, safe_text
 
@@ -95,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     _never_fail_on_output()
     previous = _catch_sigterm()
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            if not debug:  # overflow/invalid: non-finite weights and logits are errors of their own
+                warnings.simplefilter("ignore", RuntimeWarning)
+            return int(args.func(args) or 0)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
         if debug:
             raise

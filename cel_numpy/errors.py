@@ -15,6 +15,7 @@
     +-- InvalidHeadError (ValueError)  an ablation names a head the model does not have
     +-- NoTokenizerError (RuntimeError)  text given to a model loaded without tokenizer files
     +-- DivergenceError (FloatingPointError)  training diverged (a learning rate too large)
+    +-- NonFiniteError (FloatingPointError)  a forward pass produced NaN or Inf logits
     +-- WorkerError                    a worker process died (e.g. the out-of-memory killer);
                                        rerunning resumes
 
@@ -103,3 +104,7 @@ class WorkerError(UserError):
 
 class DivergenceError(UserError, FloatingPointError):
     """Gradient descent diverged (non-finite or exploding loss): the learning rate is too large."""
+
+
+class NonFiniteError(UserError, FloatingPointError):
+    """A forward pass produced NaN or Inf logits: an error, never a score."""

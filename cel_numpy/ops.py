@@ -230,3 +230,29 @@ def cross_entropy_backward(dloss: float, cache: CrossEntropyCache) -> np.ndarray
     dlogits = cache.probs.copy()  # (N, V)
     dlogits[np.arange(N), cache.targets] -= 1.0
     return dlogits * (dloss / N)
+
+
+def finite_argmax(logits: np.ndarray) -> np.ndarray:
+    """argmax over the last axis of logits that must be finite (NonFiniteError otherwise: a
+    NaN or Inf logit is a broken forward pass, never a prediction)."""
+    if not np.isfinite(logits).all():
+        from cel_numpy.errors import NonFiniteError
+
+        raise NonFiniteError(NON_FINITE_LOGITS)
+    return logits.argmax(axis=-1)
+
+
+NON_FINITE_LOGITS = (
+    "the model produced non-finite logits (NaN or Inf), which are never scored: its weights "
+    "overflow in this dtype (try float64) or the model file is damaged"
+)
+
+
+def check_finite_scores(scores: np.ndarray, items) -> None:
+    """scores[i, :len(items[i].choices)] (log-probabilities of each item's choices) must be
+    finite: NonFiniteError naming the item otherwise (never a score)."""
+    for i, it in enumerate(items):
+        if not np.isfinite(scores[i, : len(it.choices)]).all():
+            from cel_numpy.errors import NonFiniteError
+
+            raise NonFiniteError(f"item {it.id}: {NON_FINITE_LOGITS}")

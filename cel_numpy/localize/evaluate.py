@@ -37,6 +37,7 @@ from cel_numpy.localize.conditions import (
     condition_name,
     normalize_condition,
 )
+from cel_numpy.ops import check_finite_scores
 from cel_numpy.tasks.base import Item
 
 
@@ -235,6 +236,7 @@ class LMEvaluator:
                 m = lg.max(axis=-1, keepdims=True)
                 logp = lg - m - np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
                 scores[i, j] = float(logp[np.arange(len(seq) - start), seq[start:]].sum())
+        check_finite_scores(scores, items)
         out = []
         for i, it in enumerate(items):
             chosen = it.choices[int(np.argmax(scores[i, : len(it.choices)]))]

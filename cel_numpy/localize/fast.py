@@ -25,6 +25,7 @@ import numpy as np
 
 from cel_numpy.localize.conditions import Condition, ExampleResult, check_heads, normalize_condition
 from cel_numpy.models.fast import ablated_readout, generate_conditions, prepare
+from cel_numpy.ops import check_finite_scores
 from cel_numpy.tasks.base import Item
 
 
@@ -126,6 +127,8 @@ def _choice(ev, items, conds):
                     m = lg.max(axis=-1, keepdims=True)
                     logp = lg - m - np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
                     scores[k, i, j] = float(logp[np.arange(len(seq) - start), seq[start:]].sum())
+    for k in range(len(conds)):
+        check_finite_scores(scores[k], items)
     out = []
     for k in range(len(conds)):
         res = []

@@ -177,8 +177,9 @@ def cmd_inspect(args) -> int:
 
 def _top_k(model, logits: np.ndarray, k: int) -> list[tuple[str, float]]:
     """logits (V,) -> [(token text, probability)] for the k most likely tokens."""
-    from cel_numpy.ops import softmax_forward
+    from cel_numpy.ops import finite_argmax, softmax_forward
 
+    finite_argmax(logits)  # NaN/Inf logits are an error, never probabilities
     probs, _ = softmax_forward(logits.astype(np.float64))
     top = np.argsort(-probs)[:k]
     return [(model.decode([i]), float(probs[i])) for i in top]

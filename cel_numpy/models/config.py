@@ -36,6 +36,15 @@ def _count(value, key: str) -> int:
     return value
 
 
+MAX_SIZE = 2**40  # no dimension, layer count or vocabulary of a real model comes near
+
+
+def _shown(value) -> str:
+    """repr, with an enormous integer shortened to its leading digits and length."""
+    text = repr(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     family: str  # "gpt2" | "llama"
@@ -72,6 +81,8 @@ class ModelConfig:
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{f} must be a positive integer, got {value!r}")
+            if value > MAX_SIZE:
+                raise ConfigError(f"{f} is {_shown(value)}, larger than any model's (> 2^40)")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if self.family == "gpt2":
@@ -89,8 +100,9 @@ class ModelConfig:
                 not isinstance(value, (int, float))
                 or isinstance(value, bool)
                 or not 0 < value < math.inf
+                or value > 1e300  # float() of a larger int overflows
             ):
-                raise ConfigError(f"{f} must be a positive number, got {value!r}")
+                raise ConfigError(f"{f} must be a positive number, got {_shown(value)}")
         # Python floats, not NumPy scalars: a np.float64 eps would promote float32 activations.
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
         object.__setattr__(self, "rope_base", float(self.rope_base))

@@ -36,6 +36,7 @@ import numpy as np
 from cel_numpy.attention import Rotary, rotary_forward, rotary_tables, softmax_attention_forward
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.models.transformer import embed, prepare_inputs
+from cel_numpy.ops import finite_argmax
 
 Head = tuple[int, int]
 Condition = tuple[Head, ...]
@@ -526,8 +527,8 @@ def generate_conditions(
         wave = order[start : start + per_wave]
         n = len(wave)
         final, kv = ablated_states(prep, intact, wave, fill, keep_kv=max_new_tokens > 1)
-        first = _unembed(prep, np.concatenate([final[c] for c in wave]), None)[:, -1].argmax(
-            -1
+        first = finite_argmax(
+            _unembed(prep, np.concatenate([final[c] for c in wave]), None)[:, -1]
         )  # (n B,)
         R = n * B
         new: list[list[int]] = [[] for _ in range(R)]
@@ -588,7 +589,7 @@ def generate_conditions(
                     kj = keep[:, j]
                     _ablate_(z, None if kj.all() else kj, None if fill is None else fill[j])
                     x = _mlp_residual_(lw, _attn_out_residual(lw, x, z), config)
-                token = _unembed(prep, x[:, -1], None).argmax(-1)  # (r,)
+                token = finite_argmax(_unembed(prep, x[:, -1], None))  # (r,)
                 pos = pos + 1
                 _accept(new, active, rows, token, eos, is_done, max_new_tokens)
                 if not active.any():

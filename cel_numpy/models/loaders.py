@@ -110,6 +110,8 @@ def read_hf_config(folder: Path) -> ModelConfig:
         hf = json.loads(cfg_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelFileError(f"{cfg_path}: invalid JSON ({err}); download it again") from None
+    except RecursionError:
+        raise ModelFileError(f"{cfg_path}: JSON nested too deeply to be a model config") from None
     try:
         return ModelConfig.from_hf_config(hf, name=str(folder))
     except ConfigError as err:
@@ -212,6 +214,12 @@ def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
             data_start + begin,
             needed,
         )
+    spans = sorted((e.offset, e.offset + e.n_bytes, name) for name, e in entries.items())
+    for (_, end_a, a), (begin_b, end_b, b) in zip(spans, spans[1:]):
+        if begin_b < end_a and begin_b < end_b:  # empty tensors overlap nothing
+            raise ModelFileError(
+                f"{path}: tensors {a} and {b} share bytes {begin_b} to {min(end_a, end_b)}; {hint}"
+            )
     return entries
 
 
@@ -346,6 +354,11 @@ def _npz_headers(archive, path: Path) -> dict[str, TensorHeader]:
             raise ModelFileError(
                 f"{path}: array {name!r} has an unreadable header ({err}); {NPZ_HINT}"
             ) from None
+        if dtype.hasobject and name != "config_json":  # needs pickle: never loaded
+            raise ModelFileError(
+                f"{path}: array {name!r} holds Python objects (dtype {dtype}), which cel-numpy "
+                f"does not load (pickle could run code); {NPZ_HINT}"
+            )
         headers[name] = TensorHeader(tuple(int(d) for d in shape), str(dtype), dtype.kind == "f")
     return headers
 

@@ -38,6 +38,7 @@ from cel_numpy.models.transformer import (
     prepare_inputs,
     transformer_forward,
 )
+from cel_numpy.ops import finite_argmax
 
 ABLATIONS = ("zero", "mean")
 
@@ -389,7 +390,7 @@ class Model:
                 head_mask=head_mask, head_fill=head_fill, past=past,
                 keep_activations=False, logit_positions=slice(-1, None),
             )  # fmt: skip
-            next_ids = logits[:, -1].argmax(axis=-1)  # (B,)
+            next_ids = finite_argmax(logits[:, -1])  # (B,)
             for b in np.flatnonzero(~done):
                 token = int(next_ids[b])
                 if eos is not None and token == eos:

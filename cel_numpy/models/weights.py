@@ -410,6 +410,21 @@ def check_tensors(
             )
 
 
+def check_finite(value: np.ndarray, name: str, where: str, source_finite: bool = True) -> None:
+    """A weight must hold only finite numbers: ModelFileError naming the tensor otherwise."""
+    if np.isfinite(value).all():
+        return
+    bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+    why = (
+        "the file is damaged: download it again"
+        if not source_finite
+        else f"finite in the file but too large for {value.dtype}: load it as float64"
+    )
+    raise ModelFileError(
+        f"{where}: tensor {name} holds {bad} non-finite values (NaN or Inf) of {value.size}; {why}"
+    )
+
+
 def build_params(
     config: ModelConfig, fmt: str, read: Callable[[str], np.ndarray], dtype, where: str
 ) -> dict:
@@ -422,15 +437,17 @@ def build_params(
     flat = {}
     for spec in weight_table(config, fmt):
         name = getattr(spec, fmt)
-        source = read(name)
-        assert tuple(source.shape) == spec.checkpoint_shape(fmt), (
-            f"{where}: {name} read as {source.shape}"
-        )
-        value = source if fmt == "npz" else spec.to_ours(source)
-        assert value.shape == spec.shape, (
-            f"{spec.ours}: converted to {value.shape}, expected {spec.shape}"
-        )
-        flat[spec.ours] = np.ascontiguousarray(value, dtype=dtype)
+        with np.errstate(all="ignore"):  # damaged data is reported below, not as warnings
+            source = read(name)
+            assert tuple(source.shape) == spec.checkpoint_shape(fmt), (
+                f"{where}: {name} read as {source.shape}"
+            )
+            value = source if fmt == "npz" else spec.to_ours(source)
+            assert value.shape == spec.shape, (
+                f"{spec.ours}: converted to {value.shape}, expected {spec.shape}"
+            )
+            flat[spec.ours] = np.ascontiguousarray(value, dtype=dtype)
+        check_finite(flat[spec.ours], name, where, np.isfinite(source).all())
         del source, value
     if config.tied_embeddings:
         flat["unembed.W_U"] = flat["embed.W_E"].T  # (D, V) view: no copy
