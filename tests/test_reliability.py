@@ -6,6 +6,7 @@ would meet it.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -171,3 +172,61 @@ def test_a_lock_naming_an_impossible_pid_is_taken_over(tmp_path):
         f"{socket.gethostname()} (not running; it was killed before it could remove the lock)"
     ]
     assert not (out / "lock").exists()
+
+
+# --------------------------------------------------------------------------- model identity
+
+
+def tiny_lm(tmp: Path) -> Path:
+    from test_bad_input import copy_fixture, with_tokenizer
+
+    return with_tokenizer(copy_fixture(tmp, "tiny_gpt2"))
+
+
+def lm_argv(model: str, out: str, stage: str) -> list[str]:
+    return [
+        "localize", "--model", model, "--task", "agreement", "--discovery", "4", "--heldout",
+        "4", "--cross-tasks", "none", "--out", out, "--stage", stage, "--quiet",
+    ]  # fmt: skip
+
+
+def test_a_model_folder_is_the_files_the_loader_reads_not_its_path(tmp_path, monkeypatch):
+    """The run directory inside the model folder, an added README, and `./tiny_gpt2` vs an
+    absolute path: the same model, so the rerun resumes. Changed bytes are another
+    model (a tokenizer file changed), and the refusal names the field that differs."""
+    folder = tiny_lm(tmp_path)
+    status, err = run_cli(lm_argv(str(folder), str(folder / "run"), "baseline"))
+    assert status == 0, err
+    (folder / "README.md").write_text("notes\n")
+    monkeypatch.chdir(tmp_path)
+    status, err = run_cli(lm_argv("./tiny_gpt2", "tiny_gpt2/run", "screen"))
+    assert status == 0, err
+    manifest = json.loads((folder / "run" / "manifest.json").read_text())
+    assert manifest["model"]["resolved_path"] == str(folder.resolve())
+
+    (folder / "merges.txt").write_text("#version: 0.3\n")  # same size, other bytes
+    status, err = run_cli(lm_argv("./tiny_gpt2", "tiny_gpt2/run", "screen"))
+    assert status == 2
+    assert re.fullmatch(
+        r"cel-numpy localize: error: tiny_gpt2/run/manifest\.json describes a different run "
+        r'\(model\.file_sha256: "[0-9a-f]{64}" there, "[0-9a-f]{64}" now\); use a fresh --out\n',
+        err,
+    ), err
+
+
+def test_a_folder_that_is_no_model_is_refused_before_anything_is_hashed(tmp_path, monkeypatch):
+    from cel_numpy.localize import cli as localize_cli
+
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    (folder / "big.bin").write_bytes(b"\0" * 1000)
+
+    def no_hashing(path):
+        raise AssertionError(f"hashed {path} before checking it is a model")
+
+    monkeypatch.setattr(localize_cli, "file_identity", no_hashing)
+    status, err = run_cli(lm_argv(str(folder), str(tmp_path / "run"), "baseline"))
+    assert status == 2
+    assert err == (
+        f"cel-numpy localize: error: {folder}: no config.json (not a Hugging Face model folder)\n"
+    )

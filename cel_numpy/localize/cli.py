@@ -131,18 +131,26 @@ def register(subparsers) -> None:
 
 
 def file_identity(path: Path) -> dict:
-    """sha256 and size of a model file (or of every file of a folder, in name order)."""
+    """What identifies a model on disk: sha256 and size of exactly the files the loader reads
+    (`loaders.model_files`; in a folder each is preceded by its name), and, not part of the
+    identity, where they were (`resolved_path`: a run resumed through another spelling of the
+    path, or after moving the folder, is the same run)."""
+    from cel_numpy.models.loaders import model_files
+
     path = Path(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     digest, size = hashlib.sha256(), 0
-    for f in files:
+    for f in model_files(path):
         if path.is_dir():
             digest.update(str(f.relative_to(path)).encode() + b"\0")
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(chunk)
                 size += len(chunk)
-    return {"file_sha256": digest.hexdigest(), "file_bytes": size}
+    return {
+        "file_sha256": digest.hexdigest(),
+        "file_bytes": size,
+        "resolved_path": str(path.resolve()),
+    }
 
 
 def _split(names: str) -> list[str]:
@@ -310,8 +318,8 @@ def lm_setup(args, task, cross):
     from cel_numpy.models.loaders import load_model, resolve_source
 
     path = resolve_source(args.model)
+    model = load_model(args.model)  # a folder that is no model fails here, before any hashing
     ident = file_identity(path)
-    model = load_model(args.model)
     if model.tokenizer is None:
         raise OptionError(
             f"--model {args.model}: the model has no tokenizer files (tokenizer.json, or vocab.json + "

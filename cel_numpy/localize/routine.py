@@ -379,7 +379,8 @@ class Localizer:
             saved = json.loads(path.read_text())
             estimate = saved["estimate"]
             ok = (
-                saved["manifest_key"] == rd.manifest_key(self.manifest)
+                saved["manifest_key"]
+                in (rd.manifest_key(self.manifest), rd.manifest_key(self.manifest, True))
                 and len(estimate) == self.n_layers
                 and all(len(row) == self.n_heads for row in estimate)
             )

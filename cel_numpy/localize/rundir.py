@@ -286,14 +286,24 @@ MANIFEST_KEYS = (
 OPTIONAL_MANIFEST_KEYS = ("screen",)  # present only when not the default (older runs stay valid)
 
 
-def _identity(manifest: dict) -> dict:
+# Where the model was found: recorded in manifest["model"], not part of the run's identity
+# (`./model`, `model` and an absolute path are one model; so is a moved folder).
+LOCATION_KEYS = ("spec", "source", "resolved_path")
+
+
+def _identity(manifest: dict, legacy: bool = False) -> dict:
     ident = {k: manifest.get(k) for k in MANIFEST_KEYS}
     ident.update({k: manifest[k] for k in OPTIONAL_MANIFEST_KEYS if k in manifest})
+    if not legacy and isinstance(ident.get("model"), dict):
+        ident["model"] = {k: v for k, v in ident["model"].items() if k not in LOCATION_KEYS}
     return ident
 
 
-def manifest_key(manifest: dict) -> str:
-    return hashlib.sha256(json.dumps(_identity(manifest), sort_keys=True).encode()).hexdigest()
+def manifest_key(manifest: dict, legacy: bool = False) -> str:
+    """sha256 of the manifest's identity; legacy=True: as cel-numpy computed it before the
+    model's location was left out (done-files written then stay valid)."""
+    ident = _identity(manifest, legacy)
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
 def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
@@ -303,13 +313,26 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
         json_dump(path, manifest)
         return manifest
     old = read_json_object(path, "use a fresh --out")
+    there, now = _identity(old), _identity(manifest)
     for key in MANIFEST_KEYS + OPTIONAL_MANIFEST_KEYS:
-        if old.get(key) != manifest.get(key):
+        field, a, b = _first_difference(key, there.get(key), now.get(key))
+        if field is not None:
             raise RunDirError(
-                f"{path} describes a different run ({key}: {_short(old.get(key))} there, {_short(manifest.get(key))} now); "
+                f"{path} describes a different run ({field}: {_short(a)} there, {_short(b)} now); "
                 "use a fresh --out"
             )
     return old
+
+
+def _first_difference(key: str, a, b):
+    """(dotted name of the first field where a and b differ, its two values); (None, ..) if equal."""
+    if a == b:
+        return None, a, b
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b), key=str):
+            if a.get(k) != b.get(k):
+                return _first_difference(f"{key}.{k}", a.get(k), b.get(k))
+    return key, a, b
 
 
 def _short(value) -> str:
@@ -541,7 +564,7 @@ def validate_done(
     info = read_json_object(done, _fresh_hint(stage))
     if not records.exists():
         raise RunDirError(f"{records} is missing but {done.name} exists; {_fresh_hint(stage)}")
-    if info.get("manifest_key") != manifest_key(manifest):
+    if info.get("manifest_key") not in (manifest_key(manifest), manifest_key(manifest, True)):
         raise RunDirError(f"{done} belongs to a different manifest; {_fresh_hint(stage)}")
     if info.get("sha256") != sha256_file(records):
         raise RunDirError(

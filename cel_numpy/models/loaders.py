@@ -327,6 +327,40 @@ def load_folder_tokenizer(folder: Path):
     return None
 
 
+def model_files(path: Path) -> list[Path]:
+    """The files `load_model(path)` reads, in a fixed order: what a model's identity is.
+
+    HF folder: config.json, model.safetensors (or the index and its shards), and the tokenizer
+    files it picks (tokenizer.json with tokenizer_config.json when present, or vocab.json +
+    merges.txt). A .gguf file alone; a .npz with its STEM.vocab.json + STEM.merges.txt when
+    both exist. Other files in a folder (a README, a run directory) are not part of it.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        files = [path]
+        if path.suffix == ".npz":
+            side = [
+                path.with_name(f"{path.stem}.vocab.json"),
+                path.with_name(f"{path.stem}.merges.txt"),
+            ]
+            files += side if all(f.is_file() for f in side) else []
+        return files
+    files = [path / "config.json"]
+    single, index = path / "model.safetensors", path / "model.safetensors.index.json"
+    if single.is_file():
+        files.append(single)
+    else:
+        files.append(index)
+        files += sorted({e.path for e in safetensors_entries(path).values()})
+    if (path / "tokenizer.json").is_file():
+        files.append(path / "tokenizer.json")
+        if (path / "tokenizer_config.json").is_file():
+            files.append(path / "tokenizer_config.json")
+    elif (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        files += [path / "vocab.json", path / "merges.txt"]
+    return files
+
+
 # --------------------------------------------------------------------------- .npz export
 
 
