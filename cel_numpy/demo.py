@@ -68,10 +68,31 @@ def _step(run_command, title: str, argv: list[str]) -> None:
         raise SystemExit(status)
 
 
+def check_localize_step(argv: list[str]) -> None:
+    """The localize step's options checked as `cel-numpy localize` checks them, before step 1
+    (a wrong --task or panel size fails in one line, not after the theory training)."""
+    import argparse
+
+    from cel_numpy.localize import cli as localize_cli
+
+    parser = argparse.ArgumentParser(prog="cel-numpy")
+    localize_cli.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    localize_cli.check_options(args)
+    task, cross = localize_cli.lm_tasks(args)
+    localize_cli.check_panel_sizes(task, cross, args.discovery, args.heldout)
+
+
 def run(args) -> int:
     from cel_numpy.localize.rundir import prepare_out
 
     out = Path(args.out)
+    if not args.theory_only:
+        check_localize_step(
+            ["localize", "--model", "smollm2", "--task", args.task, "--discovery",
+             str(args.discovery), "--heldout", str(args.heldout), "--cross-tasks", "none",
+             "--workers", str(args.workers), "--out", str(out / f"localize-{args.task}")]
+        )  # fmt: skip
     prepare_out(out)  # fails in one line, before any work, if the directory cannot be written
     _step(
         args.run_command,

@@ -66,6 +66,40 @@ def with_tokenizer(folder: Path) -> Path:
     return folder
 
 
+def with_tokenizer_json(folder: Path, split_regex: str) -> Path:
+    """The 96-token byte-level vocabulary as a tokenizer.json whose pre_tokenizer splits on
+    `split_regex` before ByteLevel."""
+    from cel_numpy.models.tokenizer import bytes_to_unicode
+
+    b2u = bytes_to_unicode()
+    spec = {
+        "version": "1.0",
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": split_regex},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+                {"type": "ByteLevel", "add_prefix_space": False, "use_regex": False},
+            ],
+        },  # fmt: skip
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel"},
+        "model": {
+            "type": "BPE",
+            "vocab": {b2u[b]: b - 32 for b in range(32, 128)},
+            "merges": [],
+        },
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    return folder
+
+
 def edit_config(folder: Path, **changes) -> Path:
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, **changes}))
@@ -454,6 +488,52 @@ CASES = [
         r"tiny_gpt2/config\.json: JSON nested too deeply to be a model config",
     ),
     Case(
+        "merges-malformed",
+        "a merges.txt line with three tokens",
+        lambda t: [
+            "inspect",
+            "--model",
+            str(_replace(with_tokenizer(copy_fixture(t, "tiny_gpt2")), "merges.txt", b"a b c\n")),
+        ],
+        r"tiny_gpt2/merges\.txt:1: malformed merge 'a b c' \(expected 'a b'\)",
+    ),
+    Case(
+        "tokenizer-regex-invalid",
+        "a tokenizer.json pre_tokenizer regex that does not compile",
+        lambda t: [
+            "inspect",
+            "--model",
+            str(with_tokenizer_json(copy_fixture(t, "tiny_gpt2"), "(a")),
+        ],
+        r"tiny_gpt2/tokenizer\.json: invalid pre_tokenizer regex '\(a' \(",
+    ),
+    Case(
+        "tokenizer-regex-backtracking",
+        "a pre_tokenizer regex that backtracks catastrophically (a or aa, repeated, then c; on 40 a's)",
+        lambda t: [
+            "generate",
+            "--model",
+            str(with_tokenizer_json(copy_fixture(t, "tiny_gpt2"), "(a|aa)+c")),
+            "a" * 40,
+        ],
+        r"tiny_gpt2/tokenizer\.json: the pre_tokenizer regex '\(a\|aa\)\+c' did not finish on a "
+        r"piece of 40 characters \(catastrophic backtracking\)",
+    ),
+    Case(
+        "tokenizer-nested",
+        "a tokenizer.json nested 100000 levels deep",
+        lambda t: [
+            "inspect",
+            "--model",
+            str(
+                _replace(
+                    copy_fixture(t, "tiny_gpt2"), "tokenizer.json", b"[" * 100_000 + b"]" * 100_000
+                )
+            ),
+        ],
+        r"tiny_gpt2/tokenizer\.json: JSON nested too deeply to be a tokenizer file",
+    ),
+    Case(
         "tokenizer-damaged",
         "a truncated vocab.json next to the weights",
         lambda t: [
@@ -787,6 +867,12 @@ CASES = [
         "localize --cross-tasks ioi,ioi",
         lambda t: _localize("smollm2", t / "run", "--task", "capitals", "--cross-tasks", "ioi,ioi"),
         r"--cross-tasks: 'ioi' is given twice",
+    ),
+    Case(
+        "demo-task",
+        "demo --task capital (checked before the theory step)",
+        lambda t: ["demo", "--out", str(t / "demo"), "--task", "capital"],
+        r"^cel-numpy demo: error: unknown task 'capital'; known tasks: ",
     ),
     # ------------------------------------------------------------------ run directories
     Case(

@@ -230,3 +230,47 @@ def test_a_folder_that_is_no_model_is_refused_before_anything_is_hashed(tmp_path
     assert err == (
         f"cel-numpy localize: error: {folder}: no config.json (not a Hugging Face model folder)\n"
     )
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+def test_a_full_disk_while_writing_the_report_names_it_and_leaves_no_tmp(tmp_path):
+    """report.json.tmp made a link to /dev/full (every write: ENOSPC): the error names
+    report.json, says what to do, and the temporary file is gone; the rerun then finishes."""
+    params = theory_params(tmp_path)
+    out = tmp_path / "run"
+    assert run_cli(localize_argv(params, out, "--stage", "crosstask"))[0] == 0
+    (out / "report.json.tmp").symlink_to("/dev/full")
+    status, err = run_cli(localize_argv(params, out))
+    assert status == 2
+    assert err == (
+        f"cel-numpy localize: error: cannot write {out / 'report.json'}: No space left on "
+        "device; free some space, then rerun the same command to resume\n"
+    )
+    assert not (out / "report.json.tmp").exists() and not (out / "report.json.tmp").is_symlink()
+    assert run_cli(localize_argv(params, out))[0] == 0
+
+
+def test_a_full_disk_while_appending_records_names_the_records_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("screen.jsonl"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    params = theory_params(tmp_path)
+    out = tmp_path / "run"
+    status, err = run_cli(localize_argv(params, out))
+    assert status == 2
+    assert err == (
+        f"cel-numpy localize: error: cannot write {out / 'screen.jsonl'}: No space left on "
+        "device; free some space, then rerun the same command to resume\n"
+    )
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert run_cli(localize_argv(params, out))[0] == 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cel_numpy.localize.rundir import json_dump
+from cel_numpy.localize.rundir import json_dump, text_dump
 
 FIGURES = {
     "singletons": "singletons.png",
@@ -286,5 +286,5 @@ def write_report(loc) -> dict:
     plot_singletons(report, out / FIGURES["singletons"])
     plot_finalists(report, out / FIGURES["finalists"])
     plot_crosstask(report, out / FIGURES["crosstask"])
-    (out / "report.md").write_text(render_markdown(report))
+    text_dump(out / "report.md", render_markdown(report))
     return {"report": str(out / "report.json"), "primary": report["primary"]}

@@ -305,9 +305,10 @@ class Localizer:
                     text.append(lines)
                     sums.append(rd.sum_line(block, lines))
                     blocks.append(res)
-                fh.write("".join(text).encode())
-                fh.flush()
-                os.fsync(fh.fileno())
+                with rd.writing(records):  # a full disk names the file
+                    fh.write("".join(text).encode())
+                    fh.flush()
+                    os.fsync(fh.fileno())
                 rd.append_sums(
                     self.out, stage, sums
                 )  # after the records: a block with a checksum is whole

@@ -60,6 +60,7 @@ would otherwise keep the lock held.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -69,6 +70,7 @@ import sys
 import time
 import weakref
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,13 +89,52 @@ def items_hash(items: Sequence[Item]) -> str:
 
 def json_dump(path: Path, obj) -> None:
     """Write JSON atomically (temp file + rename), so a crash never leaves half a done-file."""
+    text_dump(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
+
+
+def text_dump(path: Path, text: str) -> None:
+    """Write text atomically (temp file + rename). A failed write (a full disk) removes the
+    temporary file and is a RunDirError naming `path`."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise write_error(path, err) from None
+
+
+def write_error(path: Path, err: OSError) -> RunDirError:
+    """A failed write as one line naming the file the user knows (never a temporary one)."""
+    what = err.strerror or str(err)
+    hint = (
+        "; free some space, then rerun the same command to resume"
+        if err.errno
+        in (
+            errno.ENOSPC,
+            errno.EDQUOT,
+        )
+        else ""
+    )
+    return RunDirError(f"cannot write {path}: {what}{hint}")
+
+
+@contextmanager
+def writing(path: Path):
+    """`with writing(path):` an OSError inside (a full disk) becomes a RunDirError naming path."""
+    try:
+        yield
+    except OSError as err:
+        if isinstance(err, RunDirError):
+            raise
+        raise write_error(path, err) from None
 
 
 def read_json_object(path: Path, hint: str) -> dict:
@@ -355,14 +396,9 @@ def item_to_json(item: Item) -> dict:
 
 
 def write_panel(path: Path, items: Sequence[Item]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
-        for it in items:
-            fh.write(json.dumps(item_to_json(it)) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with writing(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    text_dump(path, "".join(json.dumps(item_to_json(it)) + "\n" for it in items))
 
 
 def read_panel(path: Path) -> list[Item]:
@@ -504,7 +540,8 @@ def sum_line(block: Block, text: str) -> str:
 
 def append_sums(run_dir: Path, stage: str, lines: Sequence[str]) -> None:
     """Append checksum lines (after the records they describe are on disk), with fsync."""
-    with open(sums_path(run_dir, stage), "ab") as fh:
+    path = sums_path(run_dir, stage)
+    with writing(path), open(path, "ab") as fh:
         fh.write("".join(lines).encode())
         fh.flush()
         os.fsync(fh.fileno())

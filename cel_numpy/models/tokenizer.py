@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -51,12 +51,17 @@ def _file_errors(constructor):
         try:
             return constructor(cls, source, *args, **kwargs)
         except TokenizerError as err:
-            if str(err).startswith(name):
+            if str(err).startswith((name, str(Path(name).parent))):  # names its file already
                 raise
             raise TokenizerError(f"{name}: {err}") from None
         except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as err:
             detail = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-            raise TokenizerError(f"{name}: malformed tokenizer file ({detail})") from None
+            where = getattr(err, "filename", None) or name  # merges.txt, not vocab.json
+            raise TokenizerError(f"{where}: malformed tokenizer file ({detail})") from None
+        except RecursionError:
+            raise TokenizerError(
+                f"{name}: JSON nested too deeply to be a tokenizer file (malformed)"
+            ) from None
 
     return checked
 
@@ -76,15 +81,40 @@ def _source_name(source) -> str:
 
 @dataclass(frozen=True)
 class RegexSplit:
-    """Split a piece into regex matches and the text between them (HF behavior "Isolated")."""
+    """Split a piece into regex matches and the text between them (HF behavior "Isolated").
+
+    `where` (the tokenizer file) names the pattern's origin in errors. A pattern that is not a
+    valid regex is a TokenizerError; so is one that backtracks catastrophically (`(a|aa)+c` on
+    forty a's): matching stops after `regex_timeout(len(piece))` seconds.
+    """
 
     pattern: str
+    where: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_compiled", regex.compile(self.pattern))
+        try:
+            compiled = regex.compile(self.pattern)
+        except (regex.error, RecursionError, OverflowError) as err:
+            raise TokenizerError(
+                f"{self.where or 'tokenizer'}: invalid pre_tokenizer regex {self.pattern!r} ({err})"
+            ) from None
+        object.__setattr__(self, "_compiled", compiled)
 
     def __call__(self, piece: str) -> list[str]:
-        return split_isolated(self._compiled, piece)
+        try:
+            return split_isolated(self._compiled, piece, timeout=regex_timeout(len(piece)))
+        except TimeoutError:
+            raise TokenizerError(
+                f"{self.where or 'tokenizer'}: the pre_tokenizer regex {self.pattern!r} did not "
+                f"finish on a piece of {len(piece)} characters (catastrophic backtracking): the "
+                "tokenizer file is unusable; use the model's original tokenizer files"
+            ) from None
+
+
+def regex_timeout(n_chars: int) -> float:
+    """Seconds a pre-tokenizer regex may take on n_chars: 100x what the GPT-2 pattern needs
+    (about 1 microsecond per character), and a quarter second at least."""
+    return 0.25 + 1e-4 * n_chars
 
 
 @dataclass(frozen=True)
@@ -109,11 +139,11 @@ GGUF_PRE: dict[str, tuple[PreTokenizeStep, ...]] = {
 }
 
 
-def split_isolated(pattern: regex.Pattern, text: str) -> list[str]:
+def split_isolated(pattern: regex.Pattern, text: str, timeout: float | None = None) -> list[str]:
     """Split `text` into the non-empty matches of `pattern` and the gaps between them."""
     pieces = []
     pos = 0
-    for match in pattern.finditer(text):
+    for match in pattern.finditer(text, timeout=timeout):
         start, end = match.span()
         if start == end:
             continue  # zero-width match: nothing to isolate
@@ -339,7 +369,12 @@ class BPETokenizer:
         merges = _read_merges_txt(Path(merges_txt))
         special = {t: vocab[t] for t in special_tokens if t in vocab}
         eot = special.get("<|endoftext|>")
-        return cls(vocab, merges, special_tokens=special, bos_id=eot, eos_id=eot)
+        try:
+            return cls(vocab, merges, special_tokens=special, bos_id=eot, eos_id=eot)
+        except TokenizerError as err:  # a merge the vocabulary lacks: both files, name merges.txt
+            if " merge " not in f" {err} ":
+                raise
+            raise TokenizerError(f"{merges_txt}: {err} ({Path(vocab_json).name})") from None
 
     @classmethod
     def from_gpt2_files(
@@ -560,7 +595,11 @@ def _split_merge(line: str, where: str) -> tuple[str, str]:
 def _read_merges_txt(path: Path) -> list[tuple[str, str]]:
     """Merges from vocab.bpe / merges.txt: optional "#version" header, one "a b" per line."""
     merges = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n")):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise TokenizerError(f"{path}: not UTF-8 text ({err})") from None
+    for number, line in enumerate(text.split("\n")):
         if not line or (number == 0 and line.startswith("#version")):
             continue
         merges.append(_split_merge(line, f"{path}:{number + 1}"))
@@ -647,9 +686,9 @@ def _hf_split(spec: dict, path: Path) -> RegexSplit:
         )
     pattern = spec.get("pattern", {})
     if "Regex" in pattern:
-        return RegexSplit(pattern["Regex"])
+        return RegexSplit(pattern["Regex"], where=str(path))
     if "String" in pattern:
-        return RegexSplit(regex.escape(pattern["String"]))
+        return RegexSplit(regex.escape(pattern["String"]), where=str(path))
     raise TokenizerError(f"{path}: Split pre_tokenizer without a Regex or String pattern")
 
 
