@@ -84,7 +84,7 @@ def check_localize_step(argv: list[str]) -> None:
 
 
 def run(args) -> int:
-    from cel_numpy.localize.rundir import prepare_out
+    from cel_numpy.outdir import prepare_out
 
     out = Path(args.out)
     if not args.theory_only:

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_gguf import smollm2_mix, write_tiny_gguf
 
 FIXTURES = Path(__file__).parent / "fixtures"
-DOC = Path(__file__).parent.parent / "docs" / "bad_input.md"
+DOC = Path(__file__).parent.parent / "docs/bad_input.md"
 
 
 # =========================================================================== helpers

@@ -2,11 +2,16 @@
 
 Imports are read from the source (every `import` statement, at module level or inside a
 function, since a lazy import is still a dependency), not by importing anything.
+
+Every `something.md` named in code, help text, tutorials, tests or docs must be a file in the
+repo, and every `file.md#anchor` must name a heading of that file (GitHub's slugs).
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,3 +99,85 @@ def test_library_modules_never_import_the_command_line():
         if is_cli(dep)
     ]
     assert not offenders, "; ".join(offenders)
+
+
+# --------------------------------------------------------------------------- doc references
+
+DOC_REFERENCE = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)(?:#([\w-]+))?")
+# Markdown files that runs write (not repo files): a localization run directory's report.
+WRITTEN_BY_RUNS = {"report.md"}
+
+
+def tracked_text_files() -> list[Path]:
+    out = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    suffixes = {".py", ".md", ".toml", ".cfg", ".txt", ".sh"}
+    names = {"Makefile", "run"}  # .ci/run
+    this = Path(__file__).resolve()  # its planted examples are not references
+    paths = [ROOT / f for f in out if Path(f).suffix in suffixes or Path(f).name in names]
+    return [p for p in paths if p.resolve() != this]
+
+
+def markdown_anchors(path: Path) -> set[str]:
+    """GitHub's heading slugs: lower case, punctuation dropped, spaces to hyphens."""
+    slugs = set()
+    for line in path.read_text().splitlines():
+        if m := re.match(r"#+\s+(.*)", line):
+            text = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
+            slugs.add(text.replace(" ", "-"))
+    return slugs
+
+
+def broken_references(paths: list[Path], root: Path) -> list[str]:
+    """`file:line: ref` for each reference to a missing .md file or to a missing heading.
+
+    A reference resolves against the repo root or the citing file's folder.
+    """
+    broken = []
+    for path in paths:
+        for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for ref, anchor in DOC_REFERENCE.findall(line):
+                if ref in WRITTEN_BY_RUNS:
+                    continue
+                target = next((c for c in (root / ref, path.parent / ref) if c.is_file()), None)
+                where = f"{path.relative_to(root)}:{line_no}"
+                if target is None:
+                    broken.append(f"{where}: {ref} is not a file in the repo")
+                elif anchor and anchor not in markdown_anchors(target):
+                    broken.append(f"{where}: {ref} has no heading #{anchor}")
+    return broken
+
+
+def test_reference_check_sees_planted_breakage(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "guide.md").write_text("# Guide\n\n## The theory world\n")
+    src = tmp_path / "mod.py"
+    src.write_text(
+        "# see docs/guide.md#the-theory-world and docs/guide.md\n"  # fine
+        "# see DESIGN.md section 3\n"  # no such file
+        "# see docs/guide.md#protocol\n"  # no such heading
+        "# a run writes report.md\n"  # allowed: written by runs
+    )
+    assert broken_references([src], tmp_path) == [
+        "mod.py:2: DESIGN.md is not a file in the repo",
+        "mod.py:3: docs/guide.md has no heading #protocol",
+    ]
+
+
+def test_every_cited_markdown_file_and_section_exists():
+    """`docs/design.md#section` references in code, help text, tutorials and docs resolve."""
+    files = tracked_text_files()
+    assert any(p.name == "design.md" for p in files), "docs/design.md is not tracked"
+    broken = broken_references(files, ROOT)
+    assert not broken, "references to files or sections not in the repo:\n" + "\n".join(broken)
+
+
+def test_help_text_points_to_the_design_document():
+    from cel_numpy.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "localize" in a.choices)
+    for command, section in (("localize", "protocol"), ("theory", "theory-world")):
+        text = sub.choices[command].format_help()
+        assert f"docs/design.md#{section}" in text.replace("\n", " "), command

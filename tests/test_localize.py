@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cel_numpy.cli import UserError
+from cel_numpy.errors import OptionError
 from cel_numpy.localize import rundir as rd
 from cel_numpy.localize.conditions import ExampleResult, condition_name, normalize_condition
 from cel_numpy.localize.evaluate import TheoryEvaluator, TheoryTask, evaluate_naive
@@ -408,7 +409,7 @@ def test_lock_is_released_on_error(tmp_path):
 def test_unwritable_out_is_one_line_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(rd.RunDirError, match="cannot write to --out"):
+    with pytest.raises(OptionError, match="cannot write to --out"):
         run_fake(blocker / "run", until="baseline")
 
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from cel_numpy.errors import OptionError
 from cel_numpy.gradcheck import check_op, directional_check, numerical_gradient, rel_error
 from cel_numpy.theory import analysis as an
 from cel_numpy.theory.data import (
@@ -394,7 +395,7 @@ def test_cli_writes_summary_params_and_figures(tmp_path, capsys):
 def test_cli_unwritable_out_fails_before_training(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    with pytest.raises(PermissionError, match="cannot write to output directory"):
+    with pytest.raises(OptionError, match="cannot write to --out"):
         _run_cli(["theory", "--steps", "100000000", "--out", str(blocker / "sub"), "--quiet"])
 
 

@@ -16,16 +16,12 @@
 # Run as a script (`python tutorials/01_attention_by_hand.py`) or open it as a notebook.
 
 # %%
-import os
 
 import numpy as np
 
 from cel_numpy import attention as at
 from cel_numpy.gradcheck import check_op, cmp, numerical_gradient
 
-FAST = (
-    os.environ.get("CEL_NUMPY_FAST") == "1"
-)  # the test suite sets this; nothing here is slow anyway
 rng = np.random.default_rng(0)
 
 B, H, T, S, E = 2, 3, 4, 4, 5

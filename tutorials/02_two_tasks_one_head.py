@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 02 · Two tasks, one head: where a conflicting feature ends up
 #
-# The theory world of cel-numpy (DESIGN.md section 3). The data and model are this
+# The theory world of cel-numpy (docs/design.md#theory-world). The data and model are this
 # project's own construction from the paper's abstract, small enough to solve in closed form.
 #
 # **Data.** A sequence of $N=8$ tokens; token $i$ has a type $t_i\in\{0..7\}$ and a content

@@ -1,7 +1,7 @@
 # %% [markdown]
 # # 05 · Localizing heads: the two-stage routine by hand, then through the CLI
 #
-# Question (DESIGN.md section 5): for a model and a task, is there a *small set of heads whose
+# Question (docs/design.md#protocol): for a model and a task, is there a *small set of heads whose
 # removal improves the task*? The routine answers it with two stages and then checks the answer
 # on data it never looked at:
 #

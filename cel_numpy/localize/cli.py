@@ -15,14 +15,14 @@ MAX_SAMPLED_PANEL = (
 THEORY_TASKS = {"A": "A", "B": "B", "THEORY-A": "A", "THEORY-B": "B"}
 
 DESCRIPTION = """\
-Find sparse sets of attention heads whose removal improves a task (DESIGN.md section 5):
+Find sparse sets of attention heads whose removal improves a task (docs/design.md#protocol):
 baseline (intact twice, must agree), screen (every head alone), joint (pairs and triples of the
 top-10 nominees: 175 candidates), confirm (top-10 finalists, fresh intact comparator),
 heldout (disjoint panel: exact McNemar test, 95%% interval), crosstask (the finalists on every
 other task), report (report.json, report.md, figures). Every stage is resumable: rerun the
 same command to continue; finished stages are validated, never silently redone.
 
---model theory trains the theory model (DESIGN.md section 3, default config, --theory-seed) and
+--model theory trains the theory model (docs/design.md#theory-world, default config, --theory-seed) and
 runs the routine on task A (or B); an example is correct iff |y_hat - y| < --tau.
 theory:PATH loads params.npz written by `cel-numpy theory`.
 
@@ -418,7 +418,7 @@ def run(args) -> int:
 
     from cel_numpy.errors import WorkerError
     from cel_numpy.localize.routine import Localizer
-    from cel_numpy.localize.rundir import prepare_out
+    from cel_numpy.outdir import prepare_out
 
     check_options(args)
     theory = is_theory(args.model)

@@ -53,8 +53,3 @@ class Progress:
                 self.next_decile = decile + 1
                 self.stream.write(self.line() + "\n")
                 self.stream.flush()
-
-    def skip(self, n: int) -> None:
-        """Count work that was already on disk (resume) without it distorting the ETA."""
-        self.total = max(self.total - n, 0)
-        self.enabled = self.enabled and self.total > 0

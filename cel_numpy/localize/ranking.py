@@ -1,4 +1,4 @@
-"""Ranking, nomination and the joint-search enumeration (DESIGN.md section 5), as pure functions.
+"""Ranking, nomination and the joint-search enumeration (docs/design.md#ranking-and-tie-breaks), as pure functions.
 
 Per condition, against the intact comparator on the same examples:
     rescued = became correct, damaged = became wrong, gain = rescued - damaged, correct = # right.

@@ -1,4 +1,4 @@
-"""The two-stage localization routine (DESIGN.md section 5) over a resumable run directory.
+"""The two-stage localization routine (docs/design.md#protocol) over a resumable run directory.
 
     baseline   intact model twice on the discovery panel; the two passes must agree exactly
     screen     every head ablated alone, against the baseline; ranked; top 10 nominees.
@@ -28,7 +28,6 @@ import sys
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from pathlib import Path
 
 from cel_numpy.errors import UserError
 from cel_numpy.localize import rundir as rd
@@ -51,6 +50,7 @@ from cel_numpy.localize.ranking import (
     rank_singletons,
 )
 from cel_numpy.localize.stats import paired_summary
+from cel_numpy.outdir import prepare_out
 from cel_numpy.tasks.base import Item
 
 STAGES = ("baseline", "screen", "joint", "confirm", "heldout", "crosstask", "report")
@@ -140,7 +140,7 @@ class Localizer:
                 f"--candidates must be >= the {n_nominees} nominees, got {n_candidates}"
             )
         self.screen_method, self.n_candidates = screen, int(n_candidates)
-        self.out = rd.prepare_out(Path(out))
+        self.out = prepare_out(out)
         self.make_evaluator = make_evaluator
         self.task = task
         self.cross_tasks = [t for t in cross_tasks if t.name != task.name]

@@ -156,25 +156,6 @@ def read_json_object(path: Path, hint: str) -> dict:
 # --------------------------------------------------------------------------- directory and lock
 
 
-def prepare_out(out: Path) -> Path:
-    """Create --out if needed and prove it writable, before any work (one-line error if not)."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise RunDirError(
-            f"--out {out} is an existing file, not a directory: give a new or existing directory"
-        )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise RunDirError(f"cannot write to --out {out}: {err.strerror or err}") from None
-    if not out.is_dir():
-        raise RunDirError(f"--out {out} is not a directory")
-    return out
-
-
 MAX_PID = 2**22  # Linux's pid_max ceiling (4194304); larger numbers are not process ids
 
 
@@ -481,7 +462,6 @@ def read_blocks(
     blocks: list[list[ExampleResult]] = []
     current: list[ExampleResult] = []
     good_bytes, pos = 0, 0
-    n_lines = 0
     for n, raw in enumerate(lines, 1):
         pos += len(raw) + 1
         bi = len(blocks)
@@ -516,7 +496,6 @@ def read_blocks(
                 f"found block {d['block']} item {d['item']}); {_fresh_hint(stage)}"
             )
         current.append(ExampleResult(d["item"], d["correct"], d["answer"]))
-        n_lines += 1
         if len(current) == len(items):
             blocks.append(current)
             current = []

@@ -111,7 +111,7 @@ def cmd_fetch(args) -> int:
 
 
 def _storage(path) -> str:
-    """Storage dtypes of the file, e.g. 'Q4_1 83%, Q8_0 21%, F32 0%' (by weight count)."""
+    """Storage dtypes of the file, e.g. 'Q4_1 79%, Q8_0 21%, F32 0%' (SmolLM2; by weight count)."""
     from pathlib import Path
 
     path = Path(path)

@@ -22,7 +22,7 @@ same function with less work, for the hundreds of forwards a head screen needs:
     every row is done.
 
 Shapes: B prompts, T tokens, R = stacked rows (conditions x prompts), D, H, G, E, F, V, L as in
-STYLE.md. Results agree with the plain forward to float rounding; tests compare them.
+docs/design.md#shapes-and-names. Results agree with the plain forward to float rounding; tests compare them.
 """
 
 from __future__ import annotations

@@ -278,11 +278,6 @@ def safetensors_entries(folder: Path) -> dict[str, SafetensorsEntry]:
     return entries
 
 
-def safetensors_files(folder: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it (single file or sharded index)."""
-    return {name: entry.path for name, entry in safetensors_entries(folder).items()}
-
-
 def load_hf_folder(
     folder: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None
 ):

@@ -1,6 +1,6 @@
 """Closed forms, loadings, concentration and head ablations of the theory model.
 
-Closed forms (DESIGN.md section 3). Write u = w_s . z_s and r = w_c . z_c, independent N(0, 1).
+Closed forms (derived in docs/design.md#closed-forms). Write u = w_s . z_s and r = w_c . z_c, independent N(0, 1).
 Task A wants u + r, task B wants u - r, and the task is hidden, so the joint optimum is the
 conditional mean  y* = u + delta r  with delta = p_A - p_B.  For any predictor a_s u + a_c r:
 

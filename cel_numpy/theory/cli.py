@@ -19,7 +19,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "theory",
         help="train the two-task theory model, ablate heads, write a summary",
-        description="Train the two-task theory model (DESIGN.md section 3), compare with the closed forms, "
+        description="Train the two-task theory model (docs/design.md#theory-world), compare with the closed forms, "
         "measure the concentration of the c-feature, and ablate every head and head set up to size 3.",
     )
     p.add_argument(
@@ -165,10 +165,11 @@ def format_table(summary: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cel_numpy.theory.run import check_writable, run_theory, sweep_init
+    from cel_numpy.outdir import prepare_out
+    from cel_numpy.theory.run import run_theory, sweep_init
 
     config = _config(args)
-    out = check_writable(args.out)  # before any training
+    out = prepare_out(args.out)  # before any training
     progress = not args.quiet
     if args.sweep_init:
         from cel_numpy import plots

@@ -1,4 +1,4 @@
-"""Data of the two-task theory world (DESIGN.md section 3; this project's own construction).
+"""Data of the two-task theory world (docs/design.md#data; this project's own construction).
 
 A sequence has N tokens. Token i has a type t_i in {0..T-1} and a content z_i ~ N(0, I_m).
 Type 0 is the shared feature s, type 1 the conflicting feature c, types 2..T-1 are noise.

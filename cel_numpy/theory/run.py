@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cel_numpy.outdir import prepare_out
 from cel_numpy.theory.analysis import (
     best_ablation,
     closed_form,
@@ -82,21 +83,6 @@ def analyse(
     }
 
 
-def check_writable(out_dir: str | os.PathLike) -> Path:
-    """Create out_dir (and parents) and prove a file can be written there; else PermissionError."""
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write_test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as err:
-        raise PermissionError(
-            f"cannot write to output directory {str(out)!r}: {err.strerror or err}"
-        ) from None
-    return out
-
-
 def save_params(path: str | os.PathLike, params: dict) -> None:
     np.savez(path, K=params["K"], V=params["V"])
 
@@ -123,7 +109,7 @@ def run_theory(
     concentration, heads [{head, c_loading, s_loading, ablate_delta_a, ablate_delta_b}],
     best_joint_ablation {heads, delta_a, delta_b, ...}, config, seed, and more.
     """
-    out = check_writable(out_dir) if out_dir is not None else None
+    out = prepare_out(out_dir, "out_dir") if out_dir is not None else None
     train_rng, eval_rng = np.random.default_rng(seed).spawn(2)
     t0 = time.perf_counter()
     result = train(config, train_rng, progress=progress)

@@ -26,8 +26,8 @@ DIVERGED = 1e3
 class TrainConfig:
     """Everything that defines one training run (the world, the model size, the optimiser).
 
-    Defaults are DESIGN.md section 3: N = T = m = 8, H = 4, p_A = 0.3, sigma0 = 1e-3,
-    B = 256, lr 0.5, 3000 steps. (Measured: see `DEFAULT_NOTES` in cel_numpy.theory.)
+    Defaults: N = T = m = 8, H = 4, p_A = 0.3, sigma0 = 1e-3, B = 256, lr 0.5, 3000 steps
+    (docs/design.md#training: why, and what they measure).
     """
 
     n_heads: int = 4  # H
