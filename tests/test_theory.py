@@ -433,4 +433,4 @@ def test_dispatcher_prints_one_line_error_for_unwritable_out(tmp_path, capsys):
     blocker.write_text("x")
     rc = cli.main(["theory", "--steps", "100000000", "--out", str(blocker / "sub"), "--quiet"])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and len(err.splitlines()) == 1 and "cannot write to output directory" in err, err
+    assert rc == 2 and len(err.splitlines()) == 1 and "cannot write to --out" in err, err
