@@ -7,18 +7,19 @@ and fast paths sum in different orders and GELU is computed as h sigmoid(2u) ins
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from helpers import PlantedTask, planted_model
 
 import cel_numpy as cn
 from cel_numpy.localize.evaluate import LMEvaluator
 from cel_numpy.models.fast import ablated_readout, forward, generate_conditions, prepare
 
-FIXTURES = [
-    "tests/fixtures/tiny_gpt2",
-    "tests/fixtures/tiny_llama",
-    "tests/fixtures/tiny_llama_tied",
-]
+HERE = Path(__file__).parent
+
+FIXTURES = [HERE / "fixtures" / name for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied")]
 ATOL = 1e-4
 
 
@@ -38,7 +39,7 @@ def _conditions(L, H):
     return [()] + singles + joint
 
 
-@pytest.mark.parametrize("path", FIXTURES)
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 def test_fast_forward_matches_plain(path):
     model = cn.load_model(path)
     ids, mask = _batch(model, np.random.default_rng(0))
@@ -52,7 +53,7 @@ def test_fast_forward_matches_plain(path):
     np.testing.assert_allclose(last, plain[:, -1:, cols], atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("path", FIXTURES)
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
 def test_ablated_readout_matches_one_forward_per_condition(path, ablation):
     model = cn.load_model(path)
@@ -72,7 +73,7 @@ def test_ablated_readout_matches_one_forward_per_condition(path, ablation):
         np.testing.assert_allclose(lg, ref[:, -3:], atol=ATOL, rtol=0, err_msg=f"condition {cond}")
 
 
-@pytest.mark.parametrize("path", FIXTURES)
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 def test_generate_conditions_matches_generate_ids(path):
     model = cn.load_model(path)
     rng = np.random.default_rng(2)
@@ -101,19 +102,9 @@ def test_generate_conditions_matches_generate_ids(path):
 # --------------------------------------------------------------------------- evaluator: fast == naive
 
 
-def _planted():
-    from test_localize import (
-        PlantedTask,
-        planted_model,
-    )  # tests/ is on sys.path (rootdir-less test modules)
-
-    return planted_model, PlantedTask
-
-
 @pytest.mark.parametrize("scoring", ["generate", "choice"])
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
 def test_evaluator_fast_equals_naive_planted(scoring, ablation):
-    planted_model, PlantedTask = _planted()
     model = planted_model(np.random.default_rng(3))
     task = PlantedTask(scoring)
     items = task.sample(np.random.default_rng(4), 11)
@@ -129,7 +120,6 @@ def test_evaluator_fast_equals_naive_planted(scoring, ablation):
 def test_localization_ranking_fast_equals_naive(tmp_path):
     from cel_numpy.localize.routine import localize
 
-    planted_model, PlantedTask = _planted()
     model = planted_model(np.random.default_rng(0))
     task = PlantedTask("generate")
     runs = {}

@@ -24,122 +24,26 @@ file whose Q/K permutation is not undone scores 0.42): the exact check does.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import gguf
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
-from gguf.quants import quantize
+from helpers import (
+    FIXTURES,
+    all_f32,
+    all_q4_1,
+    all_q8_0,
+    gguf_name,
+    gguf_of_arch,
+    llama_cpp_permute,
+    smollm2_mix,
+    write_tiny_gguf,
+)
 
 import cel_numpy as cn
 from cel_numpy.cli import UserError
 from cel_numpy.models.transformer import flatten_params
 from cel_numpy.models.weights import permute_rotary_rows, unpermute_rotary_rows
-
-FIXTURES = Path(__file__).parent / "fixtures"
-
-HF_TO_GGUF = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-LAYER_TO_GGUF = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """As `LlamaModel.permute` in llama.cpp's convert_hf_to_gguf.py."""
-    return (
-        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
-
-
-def gguf_name(hf: str) -> str:
-    if hf in HF_TO_GGUF:
-        return HF_TO_GGUF[hf]
-    _, _, layer, rest = hf.split(".", 3)  # model.layers.{l}.rest
-    return f"blk.{layer}.{LAYER_TO_GGUF[rest]}"
-
-
-def write_tiny_gguf(
-    path: Path, qtype_for, *, arch: str = "llama", with_tokenizer: bool = True
-) -> dict:
-    """Write tiny_llama as GGUF; qtype_for(gguf_name, array) picks each tensor's storage.
-
-    Returns {gguf name: float32 array in GGUF (permuted) layout} for tolerance checks.
-    """
-    from safetensors.numpy import load_file
-
-    from cel_numpy.models.tokenizer import bytes_to_unicode
-
-    hf = load_file(FIXTURES / "tiny_llama" / "model.safetensors")
-    H, G, D, E = 4, 2, 32, 8
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(2)
-    w.add_context_length(64)
-    w.add_embedding_length(D)
-    w.add_feed_forward_length(64)
-    w.add_head_count(H)
-    w.add_head_count_kv(G)
-    w.add_rope_dimension_count(E)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(10000.0)
-    if with_tokenizer:
-        b2u = bytes_to_unicode()
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt2")
-        tokens = [b2u[b] for b in range(32, 127)] + [
-            b2u[32] + "t"
-        ]  # printable ASCII + one merge: 96
-        w.add_token_list(tokens)
-        w.add_token_types([1] * 96)
-        w.add_token_merges([f"{b2u[32]} t"])
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_add_bos_token(False)
-    written = {}
-    for name, array in hf.items():
-        if name.endswith("q_proj.weight"):
-            array = llama_cpp_permute(array, H)
-        elif name.endswith("k_proj.weight"):
-            array = llama_cpp_permute(array, G)
-        target = gguf_name(name)
-        qtype = qtype_for(target, array)
-        w.add_tensor(target, quantize(array, qtype), raw_dtype=qtype)
-        written[target] = array
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return written
-
-
-def all_f32(name, a):
-    return Q.F32
-
-
-def all_q8_0(name, a):
-    return Q.Q8_0 if a.ndim == 2 else Q.F32
-
-
-def all_q4_1(name, a):
-    return Q.Q4_1 if a.ndim == 2 else Q.F32
-
-
-def smollm2_mix(name, a):  # SmolLM2's file: Q8_0 embedding, Q4_1 matrices, F32 norms
-    return Q.Q8_0 if name == "token_embd.weight" else Q.Q4_1 if a.ndim == 2 else Q.F32
 
 
 def block_error_bound(a: np.ndarray, qtype) -> np.ndarray:
@@ -305,9 +209,7 @@ def test_chunked_dequantization_equals_whole_tensor(tmp_path, monkeypatch):
 
 
 def test_unknown_gguf_architecture(tmp_path):
-    from test_bad_input import _gguf_arch
-
-    path = _gguf_arch(tmp_path, "falcon")
+    path = gguf_of_arch(tmp_path, "falcon")
     with pytest.raises(
         UserError, match=r"GGUF architecture 'falcon' is not supported; supported: llama"
     ):

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from test_localize import PlantedTask, _cli, planted_model
+from helpers import PlantedTask, localize_cli, planted_model
 
 from cel_numpy.errors import OptionError
 from cel_numpy.localize import localize
@@ -128,7 +128,7 @@ def test_gradient_run_resumes_and_refuses_a_changed_estimate_file(tmp_path):
 
 def test_cli_refuses_gradient_screen_for_the_theory_model(tmp_path):
     with pytest.raises(OptionError, match="needs a language model"):
-        _cli(
+        localize_cli(
             [
                 "localize",
                 "--model",
@@ -142,7 +142,7 @@ def test_cli_refuses_gradient_screen_for_the_theory_model(tmp_path):
             ]
         )
     with pytest.raises(OptionError, match="--candidates must be >= 10"):
-        _cli(
+        localize_cli(
             [
                 "localize",
                 "--model",

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from helpers import PlantedTask, localize_cli, planted_model
 
 from cel_numpy.cli import UserError
 from cel_numpy.errors import OptionError
@@ -500,118 +501,6 @@ def test_theory_evaluator_invariants(trained_theory):
 # --------------------------------------------------------------------------- a planted harmful head in a real model
 
 
-class CharTokenizer:
-    """One token per character: enough to run the real Model on text."""
-
-    def __init__(self, alphabet):
-        self.alphabet = alphabet
-        self.bos_id = self.eos_id = None
-        self.pad_id = 0
-        self.add_bos = False
-
-    def encode(self, text):
-        return [self.alphabet.index(ch) for ch in text]
-
-    def decode(self, ids):
-        return "".join(self.alphabet[i] for i in ids)
-
-
-ALPHABET = "_xyab\n"  # "_" is padding
-
-
-class PlantedTask:
-    """Prompts of x/y characters; the answer is always "a" (b is the planted wrong answer)."""
-
-    def __init__(self, scoring):
-        self.scoring = scoring
-        self.name = f"planted-{scoring}"
-        self.max_new_tokens = 1
-        self.answer_separator = ""  # the answer is the very next character
-
-    def sample(self, rng, n):
-        prompts = ["".join(rng.choice(list("xy"), size=int(rng.integers(3, 9)))) for _ in range(n)]
-        return [
-            Item(self.name, "s", p, "a", ("a", "b") if self.scoring == "choice" else ())
-            for p in prompts
-        ]
-
-    def is_correct(self, item, output):
-        return output.strip() == item.answer
-
-
-def planted_model(rng, good=(0, 0), bad=(1, 1), n_layers=2, n_heads=3):
-    """Tiny GPT-2 (2 layers x 3 heads by default) with random weights, one head writing a constant push toward
-    "a" (the right answer) and a stronger head writing a constant push toward "b" (wrong).
-
-    A constant-writing head: W_V = 0 and b_V = e_0, so z = e_0 whatever it attends to (attention
-    rows sum to 1), and W_O maps e_0 to the push. Unembedding is tied: tokens "a" and "b" get
-    embeddings along d_a = e_0 - e_1 and d_b = e_2 - e_3 (mean zero, so LayerNorm keeps them).
-    """
-    from cel_numpy.models.config import ModelConfig
-    from cel_numpy.models.model import Model
-
-    L, H, D, E, F, V = n_layers, n_heads, 8, 4, 16, len(ALPHABET)
-    config = ModelConfig(
-        family="gpt2",
-        n_layers=L,
-        n_heads=H,
-        n_kv_heads=H,
-        d_model=D,
-        d_head=E,
-        d_mlp=F,
-        vocab_size=V,
-        n_ctx=32,
-        norm_eps=1e-5,
-        attn_bias=True,
-        mlp_bias=True,
-        name="planted",
-    )
-    small = lambda *shape: 0.1 * rng.standard_normal(shape)
-    eye = np.eye(D)
-    d_a, d_b = eye[0] - eye[1], eye[2] - eye[3]
-    W_E = np.zeros((V, D))
-    W_E[:, 4:] = rng.standard_normal((V, 4))  # x, y, pad, newline live in dims 4..7
-    W_E[ALPHABET.index("a")] = 2 * d_a
-    W_E[ALPHABET.index("b")] = 2 * d_b
-    blocks = []
-    for _ in range(L):
-        blocks.append(
-            {
-                "ln1": {"w": np.ones(D), "b": np.zeros(D)},
-                "attn": {
-                    "W_Q": small(H, D, E),
-                    "W_K": small(H, D, E),
-                    "W_V": small(H, D, E),
-                    "W_O": small(H, E, D),
-                    "b_Q": np.zeros((H, E)),
-                    "b_K": np.zeros((H, E)),
-                    "b_V": np.zeros((H, E)),
-                    "b_O": np.zeros(D),
-                },
-                "ln2": {"w": np.ones(D), "b": np.zeros(D)},
-                "mlp": {
-                    "W_in": small(D, F),
-                    "b_in": np.zeros(F),
-                    "W_out": small(F, D),
-                    "b_out": np.zeros(D),
-                },
-            }
-        )
-    for (l, h), push in ((good, 5 * d_a), (bad, 10 * d_b)):
-        attn = blocks[l]["attn"]
-        attn["W_V"][h] = 0.0
-        attn["b_V"][h] = np.eye(E)[0]
-        attn["W_O"][h] = np.outer(np.eye(E)[0], push)  # (E, D): z = e_0 -> push
-    params = {
-        "embed": {"W_E": W_E},
-        "pos_embed": {"W_pos": small(32, D)},
-        "blocks": blocks,
-        "ln_final": {"w": np.ones(D), "b": np.zeros(D)},
-        "unembed": {"W_U": W_E.T},
-    }
-    return Model(params, config, CharTokenizer(ALPHABET), source="planted")
-
-
 @pytest.mark.parametrize("scoring", ["generate", "choice"])
 def test_planted_harmful_head_is_rank_one(tmp_path, scoring):
     from cel_numpy.localize.evaluate import LMEvaluator
@@ -666,17 +555,6 @@ def test_lm_evaluator_choice_matches_manual_logprobs():
 # --------------------------------------------------------------------------- command line
 
 
-def _cli(argv):
-    import argparse
-
-    from cel_numpy.localize.cli import register
-
-    parser = argparse.ArgumentParser(prog="cel-numpy")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
 def test_cli_theory_stages_and_resume(tmp_path, trained_theory, capsys):
     params, _ = trained_theory
     np.savez(tmp_path / "params.npz", K=params["K"], V=params["V"])
@@ -694,16 +572,16 @@ def test_cli_theory_stages_and_resume(tmp_path, trained_theory, capsys):
         str(tmp_path / "run"),
         "--quiet",
     ]
-    assert _cli(base + ["--stage", "screen"]) == 0
+    assert localize_cli(base + ["--stage", "screen"]) == 0
     assert (tmp_path / "run" / "screen.done.json").exists() and not (
         tmp_path / "run" / "joint.jsonl"
     ).exists()
-    assert _cli(base) == 0
+    assert localize_cli(base) == 0
     out = capsys.readouterr().out
     assert "rank 1:" in out and "report.md" in out
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert list(report["primary"]["crosstask"]) == ["theory-B"]
     with pytest.raises(UserError, match="--stage must be one of"):
-        _cli(base + ["--stage", "nope"])
+        localize_cli(base + ["--stage", "nope"])
     with pytest.raises(UserError, match="tasks A and B"):
-        _cli(base[:4] + ["arithmetic"] + base[5:])
+        localize_cli(base[:4] + ["arithmetic"] + base[5:])

@@ -7,6 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
+from helpers import PlantedTask, planted_model
 
 from cel_numpy.localize.evaluate import LMEvaluator, TheoryEvaluator, TheoryTask
 from cel_numpy.localize.routine import localize
@@ -47,8 +48,6 @@ def _theory_run(out, theory, executor=None):
 
 
 def test_process_pool_lm_records_identical(tmp_path):
-    from test_localize import PlantedTask, planted_model  # tests/ is on sys.path
-
     model = planted_model(np.random.default_rng(0))
     task = PlantedTask("generate")
     make = lambda t, ref: LMEvaluator(model, t, batch_size=7)

@@ -12,6 +12,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+from helpers import FIXTURES, SMOLLM2_MISSING_BYTES
 
 from cel_numpy.models.fetch import KNOWN, fetch
 from cel_numpy.models.tokenizer import (
@@ -19,21 +20,6 @@ from cel_numpy.models.tokenizer import (
     TokenizerError,
     bytes_to_unicode,
     gguf_field,
-)
-
-FIXTURES = Path(__file__).parent / "fixtures"
-SMOLLM2_MISSING_BYTES = (
-    0x04,
-    0x06,
-    0x13,
-    0x14,
-    0x16,
-    0x1D,
-    0xC0,
-    0xC1,
-    0xF1,
-    0xF2,
-    *range(0xF5, 0x100),
 )
 
 
