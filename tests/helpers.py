@@ -7,6 +7,7 @@ its name; it holds no tests. Paths are relative to this file, never to the worki
     CharTokenizer, ALPHABET       one token per character, for hand-built models
     PlantedTask, planted_model    a tiny GPT-2 with one helpful and one harmful head planted
     localize_cli                  `cel-numpy localize ...` through its own parser
+    run_cli                       (exit status, stderr) of `cel-numpy ...`, in process
     write_tiny_gguf, gguf_name,   the tiny_llama fixture written as GGUF (llama.cpp's layout),
     llama_cpp_permute, all_f32,   with a storage type per tensor
     all_q8_0, all_q4_1, smollm2_mix
@@ -16,6 +17,8 @@ its name; it holds no tests. Paths are relative to this file, never to the worki
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import gguf
@@ -151,6 +154,19 @@ def localize_cli(argv: list[str]) -> int:
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(argv)
     return args.func(args)
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    """(exit status, stderr) of `cel-numpy ARGV`, in process; usage errors exit through SystemExit."""
+    from cel_numpy.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            status = main(argv)
+        except SystemExit as exit_:
+            status = exit_.code
+    return status, err.getvalue()
 
 
 # --------------------------------------------------------------------------- GGUF files

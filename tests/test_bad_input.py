@@ -14,8 +14,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -28,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SMOLLM2_MISSING_BYTES, gguf_of_arch, smollm2_mix, write_tiny_gguf
+from helpers import SMOLLM2_MISSING_BYTES, gguf_of_arch, run_cli, smollm2_mix, write_tiny_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -110,17 +108,6 @@ def rewrite_safetensors(folder: Path, edit: Callable[[dict], None]) -> Path:
     edit(tensors)
     save_file(tensors, folder / "model.safetensors")
     return folder
-
-
-def run_cli(argv: list[str]) -> tuple[int, str]:
-    """(exit status, stderr) of `cel-numpy ARGV`, in process; usage errors exit through SystemExit."""
-    err = io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-        try:
-            status = main(argv)
-        except SystemExit as exit_:
-            status = exit_.code
-    return status, err.getvalue()
 
 
 # =========================================================================== the table's cases

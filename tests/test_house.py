@@ -138,7 +138,7 @@ def broken_references(paths: list[Path], root: Path) -> list[str]:
     for path in paths:
         for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             for ref, anchor in DOC_REFERENCE.findall(line):
-                if ref in WRITTEN_BY_RUNS:
+                if Path(ref).name in WRITTEN_BY_RUNS:
                     continue
                 target = next((c for c in (root / ref, path.parent / ref) if c.is_file()), None)
                 where = f"{path.relative_to(root)}:{line_no}"
@@ -181,3 +181,19 @@ def test_help_text_points_to_the_design_document():
     for command, section in (("localize", "protocol"), ("theory", "theory-world")):
         text = sub.choices[command].format_help()
         assert f"docs/design.md#{section}" in text.replace("\n", " "), command
+
+
+def test_test_modules_share_helpers_not_each_other():
+    """Shared test code lives in tests/helpers.py; a test module never imports another one."""
+    offenders = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            offenders += [f"{path.name} imports {n}" for n in names if n.startswith("test_")]
+    assert not offenders, "; ".join(offenders)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bad_input import run_cli
+from helpers import run_cli
 
 
 def theory_params(tmp: Path, n_heads: int = 4) -> Path:
