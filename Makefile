@@ -1,4 +1,5 @@
-# `make demo` runs the main job on the embedded defaults; `make test` runs the test suite.
+# `make demo` runs the main job on the embedded defaults; `make test` runs the linter (`make lint`:
+# ruff check + ruff format --check) and then the test suite, so CI (.ci/run: make test) runs both.
 # Both create (or reuse) a local virtual environment in .venv and install from pyproject.toml.
 PYTHON ?= python3
 VENV   := .venv
@@ -7,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 NB_STAMP := $(VENV)/.notebooks
 
-.PHONY: demo test notebooks bench bench-forward clean
+.PHONY: demo lint test notebooks bench bench-forward clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +19,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/cel-numpy demo --out runs/demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
 
 # executed notebooks of every tutorial in tutorials/notebooks/ (the `notebooks` extra: jupytext, nbclient)

@@ -36,3 +36,8 @@ def test_ci_runs_the_readme_test_command():
     assert all(s.startswith("cd ") for s in steps[:-1]), (
         f".ci/run runs more than the README says: {steps}"
     )
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^test:.*\blint\b", makefile, flags=re.M), (
+        "make test must run make lint first"
+    )
+    assert "ruff check" in makefile and "ruff format --check" in makefile
