@@ -135,12 +135,17 @@ def broken_references(paths: list[Path], root: Path) -> list[str]:
     A reference resolves against the repo root or the citing file's folder.
     """
     broken = []
+    # a bare `name.md` (e.g. built as ROOT / "docs" / "name.md") may be any of the files given
+    by_name = {p.name: p for p in paths if p.suffix == ".md"}
     for path in paths:
         for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
             for ref, anchor in DOC_REFERENCE.findall(line):
                 if Path(ref).name in WRITTEN_BY_RUNS:
                     continue
-                target = next((c for c in (root / ref, path.parent / ref) if c.is_file()), None)
+                places = [root / ref, path.parent / ref]
+                target = next((c for c in places if c.is_file()), None)
+                if target is None and "/" not in ref:
+                    target = by_name.get(ref)
                 where = f"{path.relative_to(root)}:{line_no}"
                 if target is None:
                     broken.append(f"{where}: {ref} is not a file in the repo")
