@@ -4,6 +4,7 @@ pytest puts tests/ on sys.path (the test modules are rootdir-less), so this modu
 its name; it holds no tests. Paths are relative to this file, never to the working directory.
 
     FIXTURES                      tests/fixtures
+    copy_fixture, with_tokenizer  a fixture copied into a temp dir; a 96-token vocabulary added
     CharTokenizer, ALPHABET       one token per character, for hand-built models
     PlantedTask, planted_model    a tiny GPT-2 with one helpful and one harmful head planted
     localize_cli                  `cel-numpy localize ...` through its own parser
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import shutil
 from pathlib import Path
 
 import gguf
@@ -31,6 +34,27 @@ from cel_numpy.models.model import Model
 from cel_numpy.tasks.base import Item
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def copy_fixture(tmp: Path, name: str) -> Path:
+    """tests/fixtures/NAME (file or folder) copied to TMP/NAME."""
+    target = tmp / name
+    if (FIXTURES / name).is_dir():
+        shutil.copytree(FIXTURES / name, target)
+    else:
+        shutil.copy(FIXTURES / name, target)
+    return target
+
+
+def with_tokenizer(folder: Path) -> Path:
+    """Add a 96-token byte-level vocabulary (printable ASCII, no merges) to a tiny folder."""
+    from cel_numpy.models.tokenizer import bytes_to_unicode
+
+    b2u = bytes_to_unicode()
+    (folder / "vocab.json").write_text(json.dumps({b2u[b]: b - 32 for b in range(32, 128)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return folder
+
 
 # --------------------------------------------------------------------------- a planted model
 

@@ -26,7 +26,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SMOLLM2_MISSING_BYTES, gguf_of_arch, run_cli, smollm2_mix, write_tiny_gguf
+from helpers import (
+    SMOLLM2_MISSING_BYTES,
+    copy_fixture,
+    gguf_of_arch,
+    run_cli,
+    smollm2_mix,
+    with_tokenizer,
+    write_tiny_gguf,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -40,25 +48,6 @@ DOC = Path(__file__).parent.parent / "docs/bad_input.md"
 
 
 # =========================================================================== helpers
-
-
-def copy_fixture(tmp: Path, name: str) -> Path:
-    target = tmp / name
-    if (FIXTURES / name).is_dir():
-        shutil.copytree(FIXTURES / name, target)
-    else:
-        shutil.copy(FIXTURES / name, target)
-    return target
-
-
-def with_tokenizer(folder: Path) -> Path:
-    """Add a 96-token byte-level vocabulary (printable ASCII, no merges) to a tiny folder."""
-    from cel_numpy.models.tokenizer import bytes_to_unicode
-
-    b2u = bytes_to_unicode()
-    (folder / "vocab.json").write_text(json.dumps({b2u[b]: b - 32 for b in range(32, 128)}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    return folder
 
 
 def with_tokenizer_json(folder: Path, split_regex: str) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import run_cli
+from helpers import FIXTURES, copy_fixture, run_cli, with_tokenizer
 
 
 def theory_params(tmp: Path, n_heads: int = 4) -> Path:
@@ -107,7 +107,6 @@ def test_a_non_utf8_path_is_printed_with_a_replacement_not_a_crash(tmp_path):
 
 
 def test_repeated_ablate_removes_every_head_given(tmp_path):
-    from test_bad_input import copy_fixture, with_tokenizer
 
     model = str(with_tokenizer(copy_fixture(tmp_path, "tiny_gpt2")))
     outputs = {}
@@ -132,7 +131,6 @@ def test_repeated_ablate_removes_every_head_given(tmp_path):
 
 
 def test_float_token_ids_and_head_indices_are_refused_through_the_api():
-    from test_bad_input import FIXTURES
 
     import cel_numpy as cn
     from cel_numpy.errors import OptionError, PromptError
@@ -178,7 +176,6 @@ def test_a_lock_naming_an_impossible_pid_is_taken_over(tmp_path):
 
 
 def tiny_lm(tmp: Path) -> Path:
-    from test_bad_input import copy_fixture, with_tokenizer
 
     return with_tokenizer(copy_fixture(tmp, "tiny_gpt2"))
 
