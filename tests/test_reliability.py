@@ -271,3 +271,46 @@ def test_a_full_disk_while_appending_records_names_the_records_file(tmp_path, mo
     )
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert run_cli(localize_argv(params, out))[0] == 0
+
+
+# --------------------------------------------------------------------------- non-finite logits
+
+
+@pytest.mark.parametrize("task", ["agreement", "greater_than"])  # choice- and generate-scored
+def test_non_finite_logits_in_a_localization_are_an_error_not_a_score(tmp_path, task):
+    """Finite weights whose logits overflow float32: the baseline stops with one line; no
+    records are written as if the NaN/Inf were an answer."""
+    from test_bad_input import rewrite_safetensors
+
+    folder = rewrite_safetensors(
+        tiny_lm(tmp_path),
+        lambda w: w.update({"transformer.ln_f.weight": w["transformer.ln_f.weight"] * 1e38}),
+    )
+    out = tmp_path / "run"
+    argv = lm_argv(str(folder), str(out), "baseline")
+    argv[argv.index("agreement")] = task
+    status, err = run_cli(argv)
+    assert status == 2, err
+    assert err.splitlines()[-1].startswith("cel-numpy localize: error: ")
+    assert "non-finite logits (NaN or Inf), which are never scored" in err
+    assert len(err.splitlines()) == 1
+    records = out / "baseline.jsonl"
+    assert not records.exists() or records.read_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"5", b"[1, 2]", b"[" * 100_000 + b"]" * 100_000, b'{"id": "x"}'],
+    ids=["a-number", "a-list", "nested-100000-deep", "missing-fields"],
+)
+def test_a_panel_line_of_the_wrong_shape_is_one_line(tmp_path, line):
+    params = theory_params(tmp_path)
+    out = tmp_path / "run"
+    assert run_cli(localize_argv(params, out, "--stage", "baseline"))[0] == 0
+    panel = out / "panels" / "heldout.jsonl"
+    lines = panel.read_bytes().split(b"\n")
+    lines[2] = line
+    panel.write_bytes(b"\n".join(lines))
+    status, err = run_cli(localize_argv(params, out, "--stage", "baseline"))
+    assert status == 2
+    assert err == f"cel-numpy localize: error: {panel}:3: malformed panel line; use a fresh --out\n"

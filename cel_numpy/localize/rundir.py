@@ -399,7 +399,7 @@ def read_panel(path: Path) -> list[Item]:
                 answer=d["answer"],
                 choices=tuple(d["choices"]),
             )
-        except (json.JSONDecodeError, KeyError, TypeError):
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
             raise RunDirError(f"{path}:{n}: malformed panel line; use a fresh --out") from None
         if it.id != d.get("id"):
             raise RunDirError(
