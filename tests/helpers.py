@@ -5,6 +5,7 @@ its name; it holds no tests. Paths are relative to this file, never to the worki
 
     FIXTURES                      tests/fixtures
     copy_fixture, with_tokenizer  a fixture copied into a temp dir; a 96-token vocabulary added
+    rewrite_safetensors           edit a folder's model.safetensors tensors in place
     CharTokenizer, ALPHABET       one token per character, for hand-built models
     PlantedTask, planted_model    a tiny GPT-2 with one helpful and one harmful head planted
     localize_cli                  `cel-numpy localize ...` through its own parser
@@ -22,6 +23,7 @@ import contextlib
 import io
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -53,6 +55,16 @@ def with_tokenizer(folder: Path) -> Path:
     b2u = bytes_to_unicode()
     (folder / "vocab.json").write_text(json.dumps({b2u[b]: b - 32 for b in range(32, 128)}))
     (folder / "merges.txt").write_text("#version: 0.2\n")
+    return folder
+
+
+def rewrite_safetensors(folder: Path, edit: Callable[[dict], None]) -> Path:
+    """Load FOLDER/model.safetensors, let `edit` change the dict of arrays, write it back."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, folder / "model.safetensors")
     return folder
 
 

@@ -30,6 +30,7 @@ from helpers import (
     SMOLLM2_MISSING_BYTES,
     copy_fixture,
     gguf_of_arch,
+    rewrite_safetensors,
     run_cli,
     smollm2_mix,
     with_tokenizer,
@@ -87,15 +88,6 @@ def with_tokenizer_json(folder: Path, split_regex: str) -> Path:
 def edit_config(folder: Path, **changes) -> Path:
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, **changes}))
-    return folder
-
-
-def rewrite_safetensors(folder: Path, edit: Callable[[dict], None]) -> Path:
-    from safetensors.numpy import load_file, save_file
-
-    tensors = load_file(folder / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, folder / "model.safetensors")
     return folder
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FIXTURES, copy_fixture, run_cli, with_tokenizer
+from helpers import FIXTURES, copy_fixture, rewrite_safetensors, run_cli, with_tokenizer
 
 
 def theory_params(tmp: Path, n_heads: int = 4) -> Path:
@@ -280,8 +280,6 @@ def test_a_full_disk_while_appending_records_names_the_records_file(tmp_path, mo
 def test_non_finite_logits_in_a_localization_are_an_error_not_a_score(tmp_path, task):
     """Finite weights whose logits overflow float32: the baseline stops with one line; no
     records are written as if the NaN/Inf were an answer."""
-    from test_bad_input import rewrite_safetensors
-
     folder = rewrite_safetensors(
         tiny_lm(tmp_path),
         lambda w: w.update({"transformer.ln_f.weight": w["transformer.ln_f.weight"] * 1e38}),
