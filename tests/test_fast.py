@@ -2,11 +2,14 @@
 
 float32 tolerance: logits agree to 1e-4 absolute on the fixtures (values of order 1; the plain
 and fast paths sum in different orders and GELU is computed as h sigmoid(2u) instead of
-0.5 h (1 + tanh u)). Answers and correctness must be identical.
+0.5 h (1 + tanh u)); reference log-probabilities (sums of a few float64 log-softmaxes of those
+logits) to 1e-3 on the fixtures and 2e-2 on SmolLM2 (logits of order 10-30). Generated tokens,
+answers and verdicts must be identical.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +18,19 @@ from helpers import PlantedTask, planted_model
 
 import cel_numpy as cn
 from cel_numpy.localize.evaluate import LMEvaluator
-from cel_numpy.models.fast import ablated_readout, forward, generate_conditions, prepare
+from cel_numpy.models.fast import Stop, ablated_readout, forward, generate_conditions, prepare
+from cel_numpy.tasks import TASKS, make_panels
 
 HERE = Path(__file__).parent
-
 FIXTURES = [HERE / "fixtures" / name for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied")]
 ATOL = 1e-4
 
 
-def _batch(model, rng, B=5):
-    seqs = [
-        list(rng.integers(0, model.config.vocab_size, size=int(rng.integers(3, 9))))
-        for _ in range(B)
-    ]
+def _batch(model, rng, B=5, shared=0):
+    """B random prompts of 3-8 tokens after `shared` common tokens, left-padded."""
+    V = model.config.vocab_size
+    head = list(rng.integers(0, V, size=shared))
+    seqs = [head + list(rng.integers(0, V, size=int(rng.integers(3, 9)))) for _ in range(B)]
     return model.pad(seqs)
 
 
@@ -55,51 +58,113 @@ def test_fast_forward_matches_plain(path):
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 @pytest.mark.parametrize("ablation", ["zero", "mean"])
-def test_ablated_readout_matches_one_forward_per_condition(path, ablation):
+@pytest.mark.parametrize("shared", [0, 4])
+def test_ablated_readout_matches_one_forward_per_condition(path, ablation, shared):
+    """With and without a common prefix (its own segment when shared > 0), in small waves."""
     model = cn.load_model(path)
     rng = np.random.default_rng(1)
-    ids, mask = _batch(model, rng)
+    ids, mask = _batch(model, rng, shared=shared)
     c = model.config
     conds = _conditions(c.n_layers, c.n_heads)
     mean_z = model.mean_z(ids, mask) if ablation == "mean" else None
-    # small waves so that waves, stacking and prefix sharing are all exercised
-    got = ablated_readout(
-        prepare(model), ids, mask, conds, mean_z, readout=slice(-3, None), max_rows=3 * ids.size
-    )
-    for cond, lg in zip(conds, got):
-        ref = model.logits(
-            ids, attention_mask=mask, ablate=list(cond) or None, ablation=ablation, mean_z=mean_z
-        )
-        np.testing.assert_allclose(lg, ref[:, -3:], atol=ATOL, rtol=0, err_msg=f"condition {cond}")
+    for share in (True, False):
+        got = ablated_readout(
+            prepare(model), ids, mask, conds, mean_z, readout=slice(-3, None),
+            max_rows=3 * ids.size, share_prefix=share,
+        )  # fmt: skip
+        for cond, lg in zip(conds, got):
+            ref = model.logits(
+                ids, attention_mask=mask, ablate=list(cond) or None, ablation=ablation,
+                mean_z=mean_z,
+            )  # fmt: skip
+            np.testing.assert_allclose(lg, ref[:, -3:], atol=ATOL, rtol=0, err_msg=f"{cond}")
+
+
+# --------------------------------------------------------------------------- greedy generation
+
+
+def _greedy(model, prompts, cond, stop: Stop):
+    """Plain greedy decoding (`Model.generate_ids`), cut by the stop rule: the reference."""
+    out = []
+    for row in model.generate_ids(prompts, stop.max_new_tokens, ablate=list(cond) or None,
+                                  stop_at_eos=False):  # fmt: skip
+        new = []
+        for t in row:
+            if t in stop.ids:
+                break
+            new.append(t)
+            if stop.is_done is not None and stop.is_done(new):
+                break
+        out.append(new)
+    return out
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
-def test_generate_conditions_matches_generate_ids(path):
+def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
+    """Drafts that are the greedy answer, leave it mid-answer, stop too early, run past the stop,
+    or are unrelated all give the plain greedy tokens; with and without a shared prefix and
+    verification; a batch with a common prefix; waves small enough to split the conditions."""
     model = cn.load_model(path)
     rng = np.random.default_rng(2)
-    prompts = [
-        list(rng.integers(0, model.config.vocab_size, size=int(rng.integers(2, 7))))
-        for _ in range(4)
-    ]
+    V = model.config.vocab_size
+    head = list(rng.integers(0, V, size=4))
+    prompts = [head + list(rng.integers(0, V, size=int(rng.integers(1, 6)))) for _ in range(5)]
+    prompts.append([int(rng.integers(0, V))])  # a one-token prompt
     c = model.config
-    conds = _conditions(c.n_layers, c.n_heads)[:8]
-    stop = lambda ids: ids[-1] == 5
-    got = generate_conditions(
-        prepare(model), prompts, model.pad_id, conds, None, 6, eos=3, is_done=stop, max_rows=40
+    conds = _conditions(c.n_layers, c.n_heads)[:9]
+    stop = Stop(ids={3}, max_new_tokens=6, is_done=lambda ids: ids[-1] == 5)
+    truth = {cond: _greedy(model, prompts, cond, stop) for cond in conds}
+    intact = truth[()]
+    diverge = [g[:2] + [(g[2] + 1) % V] if len(g) > 2 else [7, 8, 9] for g in intact]
+    drafts = [
+        [intact[b], diverge[b], intact[b][:1], intact[b] + [11, 12], list(rng.integers(0, V, 3))]
+        for b in range(len(prompts))
+    ]
+    for d, verify, share in [(drafts, True, True), (drafts, True, False), (drafts, False, True),
+                             (None, True, True), ([[x[1]] for x in drafts], True, True)]:  # fmt: skip
+        got, _ = generate_conditions(
+            prepare(model), prompts, conds, None, stop, drafts=d, verify=verify,
+            share_prefix=share, max_rows=60,
+        )  # fmt: skip
+        for cond, new in zip(conds, got):
+            assert new == truth[cond], f"condition {cond}, verify={verify}, share={share}"
+
+
+def test_generate_conditions_mean_ablation_and_draft_scores():
+    """Mean ablation in the decode steps; `score` sees the draft rows' right-aligned logits."""
+    model = cn.load_model(FIXTURES[1])
+    rng = np.random.default_rng(5)
+    V = model.config.vocab_size
+    prompts = [list(rng.integers(0, V, size=int(rng.integers(2, 7)))) for _ in range(4)]
+    mean_z = model.mean_z(prompts)
+    stop = Stop(ids=(), max_new_tokens=4)
+    drafts = [[list(rng.integers(0, V, 2))] for _ in prompts]
+    conds = [(), ((0, 1),), ((1, 2),), ((0, 0), (1, 3))]
+    got, scores = generate_conditions(
+        prepare(model), prompts, conds, mean_z, stop, drafts=drafts, score=lambda lg: lg
     )
-    for cond, new in zip(conds, got):
-        ref = model.generate_ids(prompts, 6, ablate=list(cond) or None, stop_at_eos=False)
-        for r, g in zip(ref, new):
-            r = [t for t in r]
-            cut = next((i for i, t in enumerate(r) if t == 3), len(r))  # eos ends the row, excluded
-            r = r[:cut]
-            cut = next(
-                (i + 1 for i, t in enumerate(r) if t == 5), len(r)
-            )  # stop test: the token is kept
-            assert g == r[:cut], f"condition {cond}"
+    for cond, new, lg in zip(conds, got, scores):
+        kw = dict(ablate=list(cond) or None, ablation="mean", mean_z=mean_z)
+        assert new == model.generate_ids(prompts, 4, stop_at_eos=False, **kw)
+        ids, mask = model.pad([p + d[0] for p, d in zip(prompts, drafts)])
+        ref = model.logits(ids, attention_mask=mask, **kw)  # (B, T, V) rows end at column -1
+        np.testing.assert_allclose(lg[:, -3:], ref[:, -3:], atol=ATOL, rtol=0)
 
 
 # --------------------------------------------------------------------------- evaluator: fast == naive
+
+
+def assert_same_results(fast, naive, atol):
+    """Same items, verdicts and answers; ref_logprob equal within atol (both filled)."""
+    assert len(fast) == len(naive)
+    for f_cond, n_cond in zip(fast, naive):
+        assert [(r.item_id, r.correct, r.answer) for r in f_cond] == [
+            (r.item_id, r.correct, r.answer) for r in n_cond
+        ]
+        f = np.array([r.ref_logprob for r in f_cond], dtype=float)
+        n = np.array([r.ref_logprob for r in n_cond], dtype=float)
+        assert np.isfinite(n).all() and np.isfinite(f).all()
+        np.testing.assert_allclose(f, n, atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("scoring", ["generate", "choice"])
@@ -112,9 +177,53 @@ def test_evaluator_fast_equals_naive_planted(scoring, ablation):
     kw = dict(
         ablation=ablation, reference_items=items if ablation == "mean" else None, batch_size=4
     )
-    fast = LMEvaluator(model, task, **kw).evaluate_many(items, conds)
     naive = LMEvaluator(model, task, fast=False, **kw).evaluate_many(items, conds)
-    assert fast == naive
+    if ablation == "zero":  # removing the harmful head rescues items (a mean-ablated one does not)
+        assert any(r.correct for res in naive for r in res) and not all(r.correct for r in naive[0])
+    for switches in [{}, dict(share_prefix=False), dict(forced=False), dict(intact_drafts=False)]:
+        fast = LMEvaluator(model, task, **kw, **switches).evaluate_many(items, conds)
+        assert_same_results(fast, naive, atol=1e-9)  # float64 model
+
+
+class AsciiTokenizer:
+    """One token per character of "\\n" and printable ASCII (96 ids, the fixtures' vocabulary)."""
+
+    alphabet = "\n" + "".join(chr(i) for i in range(32, 127))
+    bos_id = eos_id = None
+    pad_id = 0
+    add_bos = False
+
+    def encode(self, text):
+        return [self.alphabet.index(ch) for ch in text]
+
+    def decode(self, ids):
+        return "".join(self.alphabet[i] for i in ids)
+
+
+def _fixture_with_text(path):
+    """A fixture model with a character tokenizer and a 512-position context (gpt2: its 64
+    learned positions repeated), so that every task's prompts fit."""
+    model = cn.load_model(path)
+    model.tokenizer = AsciiTokenizer()
+    model.config = dataclasses.replace(model.config, n_ctx=512)
+    if "pos_embed" in model.params:
+        W_pos = model.params["pos_embed"]["W_pos"]  # (64, D)
+        model.params["pos_embed"]["W_pos"] = np.concatenate([W_pos] * 8)  # (512, D)
+    return model
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+def test_evaluator_fast_equals_naive_every_task_on_fixtures(path, task_name):
+    """Random weights: answers leave the reference at once or mid-answer and decode on."""
+    model = _fixture_with_text(path)
+    task = TASKS[task_name]
+    items, _ = make_panels(task, 6, 1, 0)
+    L, H = model.config.n_layers, model.config.n_heads
+    conds = [(), ((0, 1),), ((L - 1, H - 1),), ((0, 0), (L - 1, 0))]
+    naive = LMEvaluator(model, task, fast=False, batch_size=4).evaluate_many(items, conds)
+    fast = LMEvaluator(model, task, batch_size=4).evaluate_many(items, conds)
+    assert_same_results(fast, naive, atol=1e-3)
 
 
 def test_localization_ranking_fast_equals_naive(tmp_path):
@@ -168,14 +277,31 @@ def test_smollm2_fast_forward_and_ablations(smollm2):
         assert np.array_equal(lg[:, 0].argmax(-1), ref.argmax(-1))
 
 
-@pytest.mark.parametrize("task_name", ["arithmetic", "ioi"])
+def test_smollm2_other_tokenizations_of_the_answer(smollm2):
+    """Drafts spelling " Paris" in other tokens, or going on past it, give greedy's own tokens."""
+    m = smollm2
+    prompts = [m.encode("France: Paris\nJapan: Tokyo\nEgypt: Cairo\nItaly:"),
+               m.encode("Japan: Tokyo\nItaly: Rome\nEgypt: Cairo\nFrance:")]  # fmt: skip
+    stop = Stop(
+        ids={m.tokenizer.eos_id}, max_new_tokens=6, is_done=lambda ids: "\n" in m.decode(ids)
+    )
+    spellings = [[m.encode(" Rome"), [m.encode(" Ro")[0], m.encode("me")[0]], m.encode(" Rome, Paris")],
+                 [m.encode(" Paris"), m.encode(" Par") + m.encode("is"), m.encode(" Lyon")]]  # fmt: skip
+    conds = [(), ((0, 0),), ((14, 4),), ((29, 8),)]
+    for drafts in ([[s[0]] for s in spellings], [[s[1]] for s in spellings], spellings):
+        got, _ = generate_conditions(prepare(m), prompts, conds, None, stop, drafts=drafts)
+        for cond, new in zip(conds, got):
+            assert new == _greedy(m, prompts, cond, stop), cond
+    assert [m.decode(ids) for ids in got[0]] == [" Rome\n", " Paris\n"]
+
+
+@pytest.mark.parametrize("task_name", ["arithmetic", "capitals", "ioi"])
 def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     from cel_numpy.tasks import get_task
-    from cel_numpy.tasks.panels import make_panels
 
     task = get_task(task_name)
-    items, _ = make_panels(task, 4, 1, 0)
+    items, _ = make_panels(task, 6, 1, 0)
     conds = [(), ((0, 3),), ((29, 1),), ((2, 1), (25, 0))]
     fast = LMEvaluator(smollm2, task, batch_size=4).evaluate_many(items, conds)
     naive = LMEvaluator(smollm2, task, batch_size=4, fast=False).evaluate_many(items, conds)
-    assert fast == naive
+    assert_same_results(fast, naive, atol=2e-2)

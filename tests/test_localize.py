@@ -548,8 +548,12 @@ def test_lm_evaluator_choice_matches_manual_logprobs():
             logp = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
             scores.append(logp[ids[-1]])
         assert r.answer == it.choices[int(np.argmax(scores))]
-    # batch size does not change results (left padding + attention mask)
-    assert LMEvaluator(model, task, batch_size=1).evaluate_many(items, [((0, 2),)]) == [res]
+    # batch size does not change results (left padding + attention mask; log-probs to rounding)
+    (one,) = LMEvaluator(model, task, batch_size=1).evaluate_many(items, [((0, 2),)])
+    assert [(r.item_id, r.correct, r.answer) for r in one] == [
+        (r.item_id, r.correct, r.answer) for r in res
+    ]
+    assert [r.ref_logprob for r in one] == pytest.approx([r.ref_logprob for r in res], abs=1e-12)
 
 
 # --------------------------------------------------------------------------- command line

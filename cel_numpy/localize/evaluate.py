@@ -15,8 +15,11 @@ against them result for result.
 Evaluators
     LMEvaluator      a real language model (`cel_numpy.models`) on a task from `cel_numpy.tasks`:
                      "generate" tasks by greedy continuation (KV cache, ablation applied at every
-                     step) up to the first newline; "choice" tasks by the total log-probability of
-                     each candidate continuation.
+                     step) until the task's stop rule (`scoring.stop_rule`: a stop token, the
+                     stop text -- a newline by default -- or the token cap); "choice" tasks by
+                     the total log-probability of each candidate continuation. Every result
+                     carries `ref_logprob`, the reference answer's log-probability (generate: its
+                     tokens after the prompt, teacher-forced; choice: the correct candidate's).
     TheoryEvaluator  the trained theory model on a `TheoryTask` (items are fixed samples of the
                      theory world, stored as ordinary `Item`s); see `TheoryTask` for the score.
 """
@@ -37,7 +40,12 @@ from cel_numpy.localize.conditions import (
     condition_name,
     normalize_condition,
 )
-from cel_numpy.ops import check_finite_scores
+from cel_numpy.localize.scoring import (
+    choice_results,
+    continuation_logprob,
+    reference_ids,
+    stop_rule,
+)
 from cel_numpy.tasks.base import Item
 
 
@@ -87,6 +95,9 @@ class LMEvaluator:
     fast            True (default): `evaluate_many` shares work across conditions
                     (`cel_numpy.localize.fast`, exact); False: the naive reference, one independent
                     evaluation per condition (`evaluate_naive`). Same results either way.
+    The fast path's savings can be switched off one by one (same results; for benchmarks):
+    share_prefix (a batch's common prompt prefix runs once), forced (greedy tokens verified
+    along draft answers in one forward), intact_drafts (the intact model's answer as a draft).
     """
 
     def __init__(
@@ -100,6 +111,9 @@ class LMEvaluator:
         spec: str = "",
         file_identity: dict | None = None,
         fast: bool = True,
+        share_prefix: bool = True,
+        forced: bool = True,
+        intact_drafts: bool = True,
     ):
         if ablation not in ("zero", "mean"):
             raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
@@ -112,6 +126,8 @@ class LMEvaluator:
         self.ablation = ablation
         self.batch_size = int(batch_size)
         self.fast = bool(fast)
+        self.share_prefix, self.forced = bool(share_prefix), bool(forced)
+        self.intact_drafts = bool(intact_drafts) and self.forced
         self.n_layers = int(model.config.n_layers)
         self.n_heads = int(model.config.n_heads)
         self.spec = spec
@@ -135,6 +151,7 @@ class LMEvaluator:
                 batch_size=self.batch_size,
                 file_identity=self.file_identity,
                 fast=self.fast,
+                switches=(self.share_prefix, self.forced, self.intact_drafts),
                 mean_z=self.mean_z,
                 reference_ids=self.reference_ids,
             )
@@ -184,16 +201,24 @@ class LMEvaluator:
         raise ValueError(f"task {self.task.name!r} has unknown scoring {self.task.scoring!r}")
 
     def _generate(self, items, cond):
+        tok = self.model.tokenizer
+        rule = stop_rule(self.task, tok)
         out = []
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
-            prompts = [self._encode(it.prompt) for it in chunk]
+            refs = [reference_ids(self, it) for it in chunk]  # (prompt ids, answer ids)
             new_ids = self.model.generate_ids(
-                prompts, self.task.max_new_tokens, **self._ablate_kwargs(cond)
-            )
-            for it, ids in zip(chunk, new_ids):
-                text = self.model.tokenizer.decode(list(ids)).split("\n", 1)[0]
-                out.append(ExampleResult(it.id, bool(self.task.is_correct(it, text)), text))
+                [p for p, _ in refs], rule.max_new_tokens, stop_at_eos=False,
+                **self._ablate_kwargs(cond),
+            )  # fmt: skip
+            ids, mask = self.model.pad([p + a for p, a in refs])  # teacher-forced reference
+            logits = self.model.logits(ids, attention_mask=mask, **self._ablate_kwargs(cond))
+            for k, (it, new, (_, answer)) in enumerate(zip(chunk, new_ids, refs)):
+                text = rule.text_of(tok, rule.cut_ids(new))
+                logprob = continuation_logprob(logits[k], answer)
+                out.append(
+                    ExampleResult(it.id, bool(self.task.is_correct(it, text)), text, logprob)
+                )
         return out
 
     def continuation_ids(self, prompt: str, choice: str) -> tuple[list[int], int]:
@@ -223,25 +248,10 @@ class LMEvaluator:
         for b in range(0, len(rows), self.batch_size):
             chunk = rows[b : b + self.batch_size]
             ids, mask = self.model.pad([r[2] for r in chunk])
-            logits = np.asarray(
-                self.model.logits(ids, attention_mask=mask, **self._ablate_kwargs(cond)),
-                dtype=np.float64,
-            )
-            T = ids.shape[1]
+            logits = self.model.logits(ids, attention_mask=mask, **self._ablate_kwargs(cond))
             for k, (i, j, seq, start) in enumerate(chunk):
-                offset = T - len(seq)  # left padding
-                lg = logits[
-                    k, offset + start - 1 : offset + len(seq) - 1
-                ]  # (n_cont, V) predicts seq[start:]
-                m = lg.max(axis=-1, keepdims=True)
-                logp = lg - m - np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
-                scores[i, j] = float(logp[np.arange(len(seq) - start), seq[start:]].sum())
-        check_finite_scores(scores, items)
-        out = []
-        for i, it in enumerate(items):
-            chosen = it.choices[int(np.argmax(scores[i, : len(it.choices)]))]
-            out.append(ExampleResult(it.id, bool(self.task.is_correct(it, chosen)), chosen))
-        return out
+                scores[i, j] = continuation_logprob(logits[k], seq[start:])  # rows end at column -1
+        return choice_results(self.task, items, scores)
 
 
 _WORKER_MODELS: dict = {}  # spec -> Model, one load per worker process
@@ -261,6 +271,7 @@ def _lm_evaluator_from_spec(state: dict) -> LMEvaluator:
         file_identity=state["file_identity"],
         fast=state["fast"],
     )
+    ev.share_prefix, ev.forced, ev.intact_drafts = state["switches"]
     ev.ablation, ev.mean_z, ev.reference_ids = (
         state["ablation"],
         state["mean_z"],

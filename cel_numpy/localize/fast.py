@@ -1,20 +1,22 @@
 """The fast, exact `LMEvaluator.evaluate_many`: many conditions per pass over a panel.
 
 Same results as the naive reference (`evaluate_naive`: one independent evaluation per
-condition) -- same answers, same correctness -- at a fraction of the cost, through
-`cel_numpy.models.fast`:
+condition) -- same answers, same correctness, the same reference log-probability to float
+rounding -- at a fraction of the cost, through `cel_numpy.models.fast`:
 
-  generate  one intact prompt pass per chunk of items; each condition restarts from the intact
-            residual stream at its lowest ablated layer (layers below reuse the intact KV
-            cache); conditions are decoded together, a row leaves the batch at eos or once its
-            text has a newline (the answer is the text before it), and decoding stops when
-            every row is done.
+  generate  items are sorted by prompt ids (so a batch shares the longest prefix: a chat template,
+            fixed shots) and batched; per batch one forward over a prefix tree (common prefix ->
+            each prompt -> [last prompt token] + each draft answer) under every condition, each
+            condition restarting from the intact residual stream at its lowest ablated layer.
+            The drafts are the reference answer and the intact model's greedy answer (computed
+            once per evaluator and item): the argmax along a draft settles every row whose greedy
+            output follows it to a stop; the other rows decode on from where they leave it
+            (`generate_conditions`). The reference draft's logits give `ref_logprob`.
   choice    when every candidate is one token appended to the prompt's own encoding (IOI names,
-            " is"/" are"), each item runs once -- not once per candidate -- and only the
-            candidates' unembedding columns are computed (the log-softmax normaliser is common
-            to all candidates at one position, so the logits order them as the log-probs do).
-            Otherwise the prompt+candidate rows run as in the reference, logits only at the
-            scored positions.
+            " is"/" are"), each item runs once -- not once per candidate -- with full logits at
+            its last position only. Otherwise the prompt+candidate rows run as in the reference,
+            logits only at the scored positions.
+Log-probabilities come from the shared scorer (`cel_numpy.localize.scoring`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from cel_numpy.localize.conditions import Condition, ExampleResult, check_heads, normalize_condition
-from cel_numpy.models.fast import ablated_readout, generate_conditions, prepare
-from cel_numpy.ops import check_finite_scores
+from cel_numpy.localize.scoring import (
+    choice_results,
+    continuation_logprob,
+    next_token_log_softmax,
+    reference_ids,
+    stop_rule,
+)
+from cel_numpy.models.fast import Stop, ablated_readout, generate_conditions, prepare
 from cel_numpy.tasks.base import Item
 
 
@@ -45,29 +53,72 @@ def evaluate_many_fast(
     raise ValueError(f"task {ev.task.name!r} has unknown scoring {ev.task.scoring!r}")
 
 
+def _stop(ev) -> Stop:
+    tok = ev.model.tokenizer
+    rule = stop_rule(ev.task, tok)
+    return Stop(ids=rule.ids, max_new_tokens=rule.max_new_tokens, is_done=rule.is_done(tok))
+
+
+def _batches(ev, items, refs):
+    """Item indices sorted by prompt ids (shared prefixes become neighbours), in batches."""
+    order = sorted(range(len(items)), key=lambda i: refs[i][0])
+    return [order[i : i + ev.batch_size] for i in range(0, len(order), ev.batch_size)]
+
+
+def _run(ev, items, refs, batch, conds, drafts_of):
+    """generate_conditions on one batch: per condition, [(new ids, ref_logprob)] in batch order."""
+    prompts = [refs[i][0] for i in batch]
+    drafts = [drafts_of(i) for i in batch]  # the reference answer first
+    first = np.cumsum([0] + [len(d) for d in drafts])[:-1]  # row of each prompt's reference
+
+    def score(logits):  # (C, n, V) right-aligned draft rows
+        return [continuation_logprob(logits[c], refs[i][1]) for c, i in zip(first, batch)]
+
+    new, scores = generate_conditions(
+        prepare(ev.model), prompts, conds, ev.mean_z, _stop(ev),
+        drafts=drafts, score=score, share_prefix=ev.share_prefix, verify=ev.forced,
+    )  # fmt: skip
+    return [list(zip(n, s)) for n, s in zip(new, scores)]
+
+
+def _intact(ev, items, refs) -> dict[str, tuple[list[int], float]]:
+    """The intact model's (greedy ids, ref_logprob) per item id, computed once per evaluator."""
+    memo = ev.__dict__.setdefault("_intact_memo", {})
+    todo = [i for i, it in enumerate(items) if it.id not in memo]
+    for batch in _batches(ev, [items[i] for i in todo], [refs[i] for i in todo]):
+        batch = [todo[i] for i in batch]
+        (out,) = _run(ev, items, refs, batch, [()], lambda i: [refs[i][1]])
+        for i, res in zip(batch, out):
+            memo[items[i].id] = res
+    return memo
+
+
 def _generate(ev, items, conds):
-    model, tok = ev.model, ev.model.tokenizer
-    prep = prepare(model)
-    eos = getattr(tok, "eos_id", None)
-    is_done = lambda ids: "\n" in tok.decode(list(ids))
-    out: list[list[ExampleResult]] = [[] for _ in conds]
-    for start in range(0, len(items), ev.batch_size):
-        chunk = items[start : start + ev.batch_size]
-        prompts = [ev._encode(it.prompt) for it in chunk]
-        new = generate_conditions(
-            prep,
-            prompts,
-            model.pad_id,
-            conds,
-            ev.mean_z,
-            ev.task.max_new_tokens,
-            eos=eos,
-            is_done=is_done,
-        )
-        for k in range(len(conds)):
-            for it, ids in zip(chunk, new[k]):
-                text = tok.decode(list(ids)).split("\n", 1)[0]
-                out[k].append(ExampleResult(it.id, bool(ev.task.is_correct(it, text)), text))
+    tok = ev.model.tokenizer
+    rule = stop_rule(ev.task, tok)
+    refs = [reference_ids(ev, it) for it in items]  # (prompt ids, reference answer ids)
+    intact = _intact(ev, items, refs) if ev.intact_drafts else {}
+
+    def drafts_of(i):
+        ref = refs[i][1]
+        guess = intact[items[i].id][0] if items[i].id in intact else ref
+        return [ref] if guess == ref else [ref, guess]
+
+    found: dict[Condition, list] = {c: [None] * len(items) for c in conds}
+    ablated = [c for c in dict.fromkeys(conds) if c or not ev.intact_drafts]
+    for batch in _batches(ev, items, refs) if ablated else []:
+        for c, out in zip(ablated, _run(ev, items, refs, batch, ablated, drafts_of)):
+            for i, res in zip(batch, out):
+                found[c][i] = res
+    if () in found and ev.intact_drafts:
+        found[()] = [intact[it.id] for it in items]
+    out = []
+    for c in conds:
+        res = []
+        for it, (ids, logprob) in zip(items, found[c]):
+            text = rule.text_of(tok, ids)
+            res.append(ExampleResult(it.id, bool(ev.task.is_correct(it, text)), text, logprob))
+        out.append(res)
     return out
 
 
@@ -97,14 +148,17 @@ def _choice(ev, items, conds):
         for start in range(0, len(items), ev.batch_size):
             chunk = single[start : start + ev.batch_size]
             ids, mask = model.pad([p for p, _ in chunk])
-            columns = np.array(sorted({t for _, toks in chunk for t in toks}))
-            col = {t: i for i, t in enumerate(columns)}
+
+            def reduce(lg, chunk=chunk):  # (b, 1, V) -> (b, n_choices) log-probs
+                return [next_token_log_softmax(lg[b, 0])[toks] for b, (_, toks) in enumerate(chunk)]
+
             logits = ablated_readout(
-                prep, ids, mask, conds, ev.mean_z, readout=slice(-1, None), columns=columns
-            )
-            for k, lg in enumerate(logits):  # (b, 1, C)
-                for b, (_, toks) in enumerate(chunk):
-                    scores[k, start + b, : len(toks)] = [lg[b, 0, col[t]] for t in toks]
+                prep, ids, mask, conds, ev.mean_z, readout=slice(-1, None), reduce=reduce,
+                share_prefix=ev.share_prefix,
+            )  # fmt: skip
+            for k, per_item in enumerate(logits):
+                for b, logp in enumerate(per_item):
+                    scores[k, start + b, : len(logp)] = logp
     else:
         rows = []  # (item index, choice index, ids, start)
         for i, it in enumerate(items):
@@ -114,26 +168,21 @@ def _choice(ev, items, conds):
         for b0 in range(0, len(rows), ev.batch_size):
             chunk = rows[b0 : b0 + ev.batch_size]
             ids, mask = model.pad([r[2] for r in chunk])
-            T = ids.shape[1]
             n = (
                 max(len(seq) - start for _, _, seq, start in chunk) + 1
             )  # scored positions, at the end
-            logits = ablated_readout(prep, ids, mask, conds, ev.mean_z, readout=slice(T - n, None))
-            for k, lg_all in enumerate(logits):  # (b, n, V)
-                lg_all = np.asarray(lg_all, dtype=np.float64)
-                for r, (i, j, seq, start) in enumerate(chunk):
-                    offset = T - len(seq) - (T - n)  # left padding, in read-out coordinates
-                    lg = lg_all[r, offset + start - 1 : offset + len(seq) - 1]  # (n_cont, V)
-                    m = lg.max(axis=-1, keepdims=True)
-                    logp = lg - m - np.log(np.exp(lg - m).sum(axis=-1, keepdims=True))
-                    scores[k, i, j] = float(logp[np.arange(len(seq) - start), seq[start:]].sum())
-    for k in range(len(conds)):
-        check_finite_scores(scores[k], items)
-    out = []
-    for k in range(len(conds)):
-        res = []
-        for i, it in enumerate(items):
-            chosen = it.choices[int(np.argmax(scores[k, i, : len(it.choices)]))]
-            res.append(ExampleResult(it.id, bool(ev.task.is_correct(it, chosen)), chosen))
-        out.append(res)
-    return out
+
+            def reduce(lg, chunk=chunk):  # (b, n, V) right-aligned -> (b,) log-probs
+                return [
+                    continuation_logprob(lg[r], seq[start:])
+                    for r, (_, _, seq, start) in enumerate(chunk)
+                ]
+
+            logits = ablated_readout(
+                prep, ids, mask, conds, ev.mean_z, readout=slice(-n, None), reduce=reduce,
+                share_prefix=ev.share_prefix,
+            )  # fmt: skip
+            for k, logps in enumerate(logits):
+                for (i, j, _, _), lp in zip(chunk, logps):
+                    scores[k, i, j] = lp
+    return [choice_results(ev.task, items, scores[k]) for k in range(len(conds))]

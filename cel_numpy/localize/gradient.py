@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cel_numpy.localize.scoring import answer_text, continuation_log_softmax
 from cel_numpy.models.backward import transformer_backward
 from cel_numpy.models.transformer import transformer_forward
-from cel_numpy.ops import log_softmax
 from cel_numpy.tasks.base import Item
 
 
@@ -39,13 +39,6 @@ class MetricRow:
     ids: list[int]  # prompt + continuation tokens
     start: int  # ids[start:] is the scored continuation
     correct: bool  # the continuation is the item's answer (always True for "generate")
-
-
-def answer_text(item: Item, separator: str = " ") -> str:
-    """The continuation scored for a generate item: separator + answer, unless either side has whitespace."""
-    if item.prompt[-1:].isspace() or item.answer[:1].isspace():
-        return item.answer
-    return separator + item.answer
 
 
 def metric_rows(evaluator, items: Sequence[Item]) -> list[MetricRow]:
@@ -77,15 +70,15 @@ def _score(logits: np.ndarray, rows: list[MetricRow], T: int, t0: int, scoring: 
     """Sum of the item metrics from logits (R, T - t0, V) at positions t0..T-1 of a left-padded batch.
 
     Returns total, weight (R,) = d total / d row log-prob, spans (positions predicting each row's
-    continuation, relative to t0) and their log-softmaxes, for the backward.
+    continuation, relative to t0) and their log-softmaxes, for the backward. Every row ends at
+    column T - 1, so its logits are right-aligned as the shared scorer expects.
     """
     spans, logps, row_logp = [], [], np.zeros(len(rows))
+    N = T - t0
     for k, r in enumerate(rows):
-        first = T - len(r.ids) + r.start - 1 - t0  # logits[first] predicts ids[start]
-        span = np.arange(first, T - 1 - t0)  # (n,)
-        logp = log_softmax(logits[k, span].astype(np.float64))  # (n, V)
-        row_logp[k] = logp[np.arange(len(span)), r.ids[r.start :]].sum()
-        spans.append(span)
+        targets = r.ids[r.start :]
+        logp, row_logp[k] = continuation_log_softmax(logits[k], targets)  # (n, V)
+        spans.append(np.arange(N - 1 - len(targets), N - 1))  # (n,)
         logps.append(logp)
     item_of = np.array([r.item for r in rows])
     weight = np.ones(len(rows))

@@ -17,8 +17,22 @@ def _fmt_seconds(s: float) -> str:
     return f"{h}:{m:02d}:{sec:02d}" if h else f"{m:02d}:{sec:02d}"
 
 
+SLOW_AFTER = 180.0  # seconds: a stage estimated to take longer says so after its first block
+
+
 class Progress:
-    def __init__(self, label: str, total: int, stream=None, enabled: bool = True, width: int = 24):
+    """slow_hint: printed with the estimated total time once the first block is timed, if that
+    estimate exceeds SLOW_AFTER seconds (e.g. how to make a long screen faster)."""
+
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        stream=None,
+        enabled: bool = True,
+        width: int = 24,
+        slow_hint: str | None = None,
+    ):
         self.label = label
         self.total = max(int(total), 0)
         self.stream = stream if stream is not None else sys.stderr
@@ -28,6 +42,7 @@ class Progress:
         self.done = 0
         self.start = time.monotonic()
         self.next_decile = 1
+        self.slow_hint = slow_hint
 
     def line(self) -> str:
         frac = self.done / self.total if self.total else 1.0
@@ -39,9 +54,18 @@ class Progress:
         return f"{self.label:<10} [{bar}] {self.done}/{self.total} {100 * frac:5.1f}%  {_fmt_seconds(elapsed)} elapsed, ETA {eta_s}"
 
     def update(self, n: int = 1) -> None:
+        first = self.done == 0
         self.done = min(self.total, self.done + n)
         if not self.enabled:
             return
+        if first and self.slow_hint and self.done < self.total:
+            elapsed = time.monotonic() - self.start
+            estimate = elapsed / self.done * self.total
+            if estimate > SLOW_AFTER:
+                self.stream.write(
+                    f"{self.label:<10} about {_fmt_seconds(estimate)} in all at the pace of its first"
+                    f" {self.done} of {self.total} ({_fmt_seconds(elapsed)}); {self.slow_hint}\n"
+                )
         if self.tty:
             self.stream.write("\r" + self.line())
             if self.done == self.total:

@@ -101,6 +101,13 @@ def _as_scored(d: dict) -> Scored:
     return Scored(normalize_condition(d["heads"]), d["correct"], d["rescued"], d["damaged"])
 
 
+SLOW_HINTS = {  # what to try when a stage's first block predicts a long wait
+    "screen-exact": "faster: --screen gradient (first-order pre-filter, then exact on the top "
+    "--candidates) or --workers N (one process per core)",
+    "screen-gradient": "faster: --workers N (one process per core) or fewer --candidates",
+}
+
+
 def evaluate_chunk(evaluator, items, conditions):
     """What an executor runs: `evaluator.evaluate_many(items, conditions)` (picklable by reference)."""
     return evaluator.evaluate_many(items, conditions)
@@ -259,6 +266,9 @@ class Localizer:
             len(remaining),
             stream=self.stream,
             enabled=self.progress and label is not None,
+            slow_hint=SLOW_HINTS.get(
+                stage if stage != "screen" else f"screen-{self.screen_method}"
+            ),
         )
 
         def compute(chunk):

@@ -1,39 +1,51 @@
-"""Fast exact inference for screening: fused weights, in-place elementwise ops, shared prefixes.
+"""Fast exact inference for screening: fused weights, in-place elementwise ops, shared work.
 
 The plain forward (`cel_numpy.models.transformer`) is the reference; this module computes the
-same function with less work, for the hundreds of forwards a head screen needs:
+same function with less work, for the thousands of forwards a head screen needs. Every saving
+is exact (results agree with the plain forward to float rounding; tests compare them):
 
-  * weights laid out once per model (`prepare`): Q, K, V fused into one (D, (H + 2G) E) matrix,
-    W_O flat (H E, D), Llama's gate and up fused into (D, 2F); the plain path re-lays W_Q/W_K/W_V
-    on every call.
-  * float32 (the model dtype) everywhere, elementwise chains done in place (GELU and SiLU write
-    into the GEMM output; no float64 constants that would promote a float32 array).
-  * the attention core is the shared `softmax_attention_forward` (and `rotary_forward`) of
-    `cel_numpy.attention`; only the projections around it are laid out differently.
-  * exact reuse across ablation conditions (`ablated_readout`, `generate_conditions`): the state
-    of the residual stream is keyed by the heads ablated *so far*; at layer j only the distinct
-    keys are computed, so the intact prefix (layers below the lowest ablated head) comes from one
-    intact pass, joint conditions that share their lowest heads share the layers in between, and
-    conditions ablating different heads of one layer run as one stacked batch. The last layer
-    runs its queries, W_O and MLP only at the positions read out; the unembedding only at those
-    positions and (optionally) only for some vocabulary columns.
-  * generation with a preallocated KV cache per row; a row leaves the batch once it is done
-    (eos, or a caller's stop test such as "the text has a newline"), and the loop ends when
-    every row is done.
+  * weights laid out once per model (`prepare`): Q, K, V fused into one (D, (H + 2G) E) matrix
+    (with the biases of whichever of them has one), W_O flat (H E, D), a gated MLP's gate and
+    up fused into (D, 2F); float32 throughout, elementwise chains in place.
+  * a prefix tree of token sequences (`Tree`): rows are grouped into segments, each row of a
+    segment continuing one row of the segment before (a panel's common prefix -> each prompt ->
+    each answer continuation of that prompt). Causal attention means a segment's keys and values
+    do not depend on what follows, so each segment runs once and later segments attend to its
+    K/V as a past (`Past`). A chat template shared by a panel runs once per condition, not once
+    per item; a prompt with two continuations (the reference answer, the intact model's answer)
+    runs once.
+  * exact reuse across ablation conditions (`ablated_tree`): the residual stream entering layer
+    j is keyed by the heads a condition ablates *below* j; only distinct keys are computed, so
+    the intact prefix (layers below the lowest ablated head) comes from one intact pass
+    (`intact_tree`), joint conditions that share their lowest heads share the layers in between,
+    and conditions at one layer run as one stacked batch. The last layer runs its queries, W_O
+    and MLP only at the positions read out, and earlier segments only their K/V there.
+  * forced-answer greedy decoding (`generate_conditions`): one forward over prompt + draft answer
+    gives, at every draft position, the argmax a greedy decoder would see; greedy decoding
+    produces the draft's tokens as long as each argmax equals the next draft token, so those
+    tokens (and the first token after them) are known without decoding. Only rows whose argmax
+    leaves every draft, or that have not stopped at the draft's end, continue with real greedy
+    decoding (KV cache, `_decode_step`) from that point. Outputs are those of plain greedy
+    decoding; a draft changes only the cost.
 
-Shapes: B prompts, T tokens, R = stacked rows (conditions x prompts), D, H, G, E, F, V, L as in
-docs/design.md#shapes-and-names. Results agree with the plain forward to float rounding; tests compare them.
+Memory is bounded by waves: conditions run in waves of at most `max_rows` token rows (rows x
+tokens of every segment), a segment's K/V is stored once per condition key (not per row that
+continues it), the concatenated keys a later segment attends to exist for one layer at a time,
+and the decode KV cache is allocated only for rows that still decode, in one wave at a time.
+
+Shapes: R rows, T tokens of a segment, S key positions (earlier segments' then its own), D, H,
+G, E, F, V, L as in the glossary of `cel_numpy.attention`; n stacked condition keys.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from cel_numpy.attention import Rotary, rotary_forward, rotary_tables, softmax_attention_forward
+from cel_numpy.attention import Rotary, rotary_forward, softmax_attention_forward
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.models.transformer import embed, prepare_inputs
 from cel_numpy.ops import finite_argmax
@@ -51,11 +63,10 @@ class LayerWeights:
     W_qkv: np.ndarray  # (D, (H + 2G) E) columns: all q heads, then k groups, then v groups
     b_qkv: np.ndarray | None  # ((H + 2G) E,)
     W_O: np.ndarray  # (H E, D)
-    W_O_heads: np.ndarray  # (H, E, D) the same memory, one head per index
     b_O: np.ndarray | None  # (D,)
     ln2_w: np.ndarray  # (D,)
     ln2_b: np.ndarray | None  # (D,)
-    W_up: np.ndarray  # (D, F) gpt2 W_in; (D, 2F) llama [W_gate | W_in]
+    W_up: np.ndarray  # (D, F) gpt2 W_in; (D, 2F) gated [W_gate | W_in]
     b_up: np.ndarray | None  # (F,) or (2F,)
     W_out: np.ndarray  # (F, D)
     b_out: np.ndarray | None  # (D,)
@@ -76,7 +87,7 @@ def _cat_bias(parts: Sequence[np.ndarray | None], sizes: Sequence[int], dtype) -
         return None
     return np.concatenate(
         [np.zeros(n, dtype) if p is None else p.reshape(-1) for p, n in zip(parts, sizes)]
-    )
+    ).astype(dtype, copy=False)
 
 
 def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
@@ -88,17 +99,15 @@ def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
     )
     b_qkv = _cat_bias([a.get("b_Q"), a.get("b_K"), a.get("b_V")], [H * E, G * E, G * E], dtype)
     W_O = np.ascontiguousarray(a["W_O"].reshape(H * E, D), dtype)
-    if config.family == "gpt2":
-        W_up, b_up = np.ascontiguousarray(m["W_in"], dtype), m.get("b_in")
-    else:
+    if "W_gate" in m:
         F = config.d_mlp
-        W_up = np.ascontiguousarray(
-            np.concatenate([m["W_gate"], m["W_in"]], axis=1), dtype
-        )  # (D, 2F)
-        b_up = _cat_bias([m.get("b_gate"), m.get("b_in")], [F, F], dtype)
+        W_up = np.ascontiguousarray(np.concatenate([m["W_gate"], m["W_in"]], axis=1), dtype)
+        b_up = _cat_bias([m.get("b_gate"), m.get("b_in")], [F, F], dtype)  # (2F,)
+    else:
+        W_up, b_up = np.ascontiguousarray(m["W_in"], dtype), m.get("b_in")
     return LayerWeights(
         ln1_w=p["ln1"]["w"], ln1_b=p["ln1"].get("b"), W_qkv=W_qkv, b_qkv=b_qkv, W_O=W_O,
-        W_O_heads=W_O.reshape(H, E, D), b_O=a.get("b_O"), ln2_w=p["ln2"]["w"], ln2_b=p["ln2"].get("b"),
+        b_O=a.get("b_O"), ln2_w=p["ln2"]["w"], ln2_b=p["ln2"].get("b"),
         W_up=W_up, b_up=b_up, W_out=np.ascontiguousarray(m["W_out"], dtype), b_out=m.get("b_out"),
     )  # fmt: skip
 
@@ -123,7 +132,7 @@ def prepare(model) -> Prepared:
 
 
 def _norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, config: ModelConfig) -> np.ndarray:
-    """LayerNorm (gpt2) or RMSNorm (llama) over the last axis into a new array.  (..., D) -> (..., D)."""
+    """LayerNorm (gpt2) or RMSNorm (others) over the last axis into a new array.  (..., D) -> (..., D)."""
     eps = config.norm_eps  # a Python float: keeps float32 float32
     if config.family == "gpt2":
         y = x - x.mean(axis=-1, keepdims=True)  # (..., D)
@@ -182,10 +191,10 @@ def _mlp_residual_(lw: LayerWeights, x: np.ndarray, config: ModelConfig) -> np.n
     x2 = x.reshape(-1, x.shape[-1])  # (N, D)
     xn = _norm(x2, lw.ln2_w, lw.ln2_b, config)  # (N, D)
     h = _linear(xn, lw.W_up, lw.b_up)  # (N, F) or (N, 2F)
-    if config.family == "gpt2":
+    if h.shape[1] == lw.W_out.shape[0]:  # gpt2: GELU
         post = _gelu_(h, np.empty_like(h))  # (N, F)
-    else:
-        F = config.d_mlp
+    else:  # gated: silu(gate) * up
+        F = lw.W_out.shape[0]
         gate, up = h[:, :F], h[:, F:]  # (N, F) views
         post = _silu_(gate, np.empty_like(gate))
         post *= up  # (N, F) strided view; BLAS reads it with its leading dimension
@@ -196,71 +205,48 @@ def _mlp_residual_(lw: LayerWeights, x: np.ndarray, config: ModelConfig) -> np.n
     return x
 
 
-@dataclass(frozen=True)
-class Inputs:
-    """Positions, mask and rotary of one batch of B prompts (query positions = all T)."""
+class Past:
+    """Keys and values that come before a call's own positions: an earlier segment's K/V."""
 
-    ids: np.ndarray  # (B, T)
-    attention_mask: np.ndarray  # (B, T) 1 on real tokens
-    positions: np.ndarray  # (B, T)
-    mask: np.ndarray  # (B, 1, T, T) bool
-    rotary: Rotary | None  # (B, 1, T, E/2)
+    def __init__(self, k: np.ndarray, v: np.ndarray):
+        self.k, self.v = k, v  # (R, G, S_past, E) each
 
-
-def make_inputs(config: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray, dtype) -> Inputs:
-    fi = prepare_inputs(config, attention_mask, ids.shape[1], dtype)
-    return Inputs(
-        ids=ids,
-        attention_mask=np.asarray(attention_mask),
-        positions=fi.positions,
-        mask=fi.mask,
-        rotary=fi.rotary,
-    )
+    def extend(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(k, v) of this call (R, G, T, E) -> all keys and values (R, G, S_past + T, E)."""
+        return np.concatenate([self.k, k], axis=2), np.concatenate([self.v, v], axis=2)
 
 
-def _tile(a, n: int):
-    return a if n == 1 else np.concatenate([a] * n, axis=0)
-
-
-def _tile_rotary(rot: Rotary | None, n: int, sel=slice(None)) -> Rotary | None:
-    if rot is None:
-        return None
-    return Rotary(cos=_tile(rot.cos[:, :, sel], n), sin=_tile(rot.sin[:, :, sel], n))
-
-
-def _attention_z(
+def _attention_step(
     lw: LayerWeights,
     x: np.ndarray,
     config: ModelConfig,
-    mask,
+    mask: np.ndarray,
     rotary: Rotary | None,
     query: slice = slice(None),
-    past: tuple[np.ndarray, np.ndarray] | None = None,
+    past=None,
 ):
-    """norm1, fused QKV, rotary, shared softmax attention.  x (R, T, D) -> z (R, H, Tq, E), k, v (R, G, S, E).
+    """norm1, fused QKV, rotary, the shared softmax attention.
 
-    `query` selects the query positions (the last layer needs only the read-out ones); keys and
-    values cover all T (plus `past`). mask (R, 1, Tq, S) already matches the selection.
+    x (R, T, D) -> z (R, H, Tq, E) and this call's own k, v (R, G, T, E). `query` selects the
+    query positions (the last layer needs only the read-out ones); mask (R, 1, Tq, S) matches
+    it. `past.extend(k, v)` gives the keys and values the queries see (an earlier segment's
+    before them, `Past`; or a decode cache, `DecodeCache.layer`); None: only this call's own.
     """
     R, T, D = x.shape
     H, G, E = config.n_heads, config.n_kv_heads, config.d_head
     xn = _norm(x.reshape(R * T, D), lw.ln1_w, lw.ln1_b, config)  # (R T, D)
-    y = _linear(xn, lw.W_qkv, lw.b_qkv).reshape(R, T, H + 2 * G, E)  # (R, T, H + 2G, E)
-    q = y[:, query, :H].transpose(0, 2, 1, 3)  # (R, H, Tq, E)
-    k = y[:, :, H : H + G].transpose(0, 2, 1, 3)  # (R, G, T, E)
-    v = y[:, :, H + G :].transpose(0, 2, 1, 3)  # (R, G, T, E)
+    qkv = _linear(xn, lw.W_qkv, lw.b_qkv).reshape(R, T, H + 2 * G, E)  # (R, T, H + 2G, E)
+    q = qkv[:, query, :H].transpose(0, 2, 1, 3)  # (R, H, Tq, E)
+    k = qkv[:, :, H : H + G].transpose(0, 2, 1, 3)  # (R, G, T, E)
+    v = qkv[:, :, H + G :].transpose(0, 2, 1, 3)  # (R, G, T, E)
     if rotary is not None:
         q = rotary_forward(q, Rotary(cos=rotary.cos[:, :, query], sin=rotary.sin[:, :, query]))
         k = rotary_forward(k, rotary)
-    else:
-        k, v = np.ascontiguousarray(k), v
-    if past is not None:
-        k = np.concatenate([past[0], k], axis=2)  # (R, G, S, E)
-        v = np.concatenate([past[1], v], axis=2)
-    z, _ = softmax_attention_forward(
-        q, k, v, scale=1.0 / float(np.sqrt(E)), mask=mask
-    )  # (R, H, Tq, E)
-    return z, k, v
+    keys, values = (k, v) if past is None else past.extend(k, v)  # (R, G, S, E)
+    if q.shape[2] == 0:  # only this call's K/V are wanted (an earlier segment, last layer)
+        return np.empty((R, H, 0, E), x.dtype), k, v
+    z, _ = softmax_attention_forward(q, keys, values, scale=1.0 / float(np.sqrt(E)), mask=mask)
+    return z, k, v  # z (R, H, Tq, E)
 
 
 def _ablate_(z: np.ndarray, keep: np.ndarray | None, fill: np.ndarray | None) -> np.ndarray:
@@ -285,6 +271,19 @@ def _attn_out_residual(lw: LayerWeights, x: np.ndarray, z: np.ndarray) -> np.nda
     return out
 
 
+def _block_rest(
+    lw: LayerWeights,
+    x: np.ndarray,
+    z: np.ndarray,
+    keep: np.ndarray | None,
+    fill: np.ndarray | None,
+    config: ModelConfig,
+) -> np.ndarray:
+    """After attention: ablate z, W_O, residual, MLP.  x (R, Tq, D), z (R, H, Tq, E) -> (R, Tq, D)."""
+    _ablate_(z, keep, fill)
+    return _mlp_residual_(lw, _attn_out_residual(lw, x, z), config)
+
+
 def _unembed(prep: Prepared, x: np.ndarray, columns: np.ndarray | None) -> np.ndarray:
     """Final norm and logits.  x (..., D) -> (..., V) or (..., C)."""
     p = prep.params
@@ -297,6 +296,10 @@ def _unembed(prep: Prepared, x: np.ndarray, columns: np.ndarray | None) -> np.nd
     if b_U is not None:
         out += b_U
     return out.reshape(*x.shape[:-1], -1)
+
+
+def _embed(prep: Prepared, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    return embed(prep.params, prep.config, ids, positions).astype(prep.dtype, copy=False)
 
 
 # --------------------------------------------------------------------------- intact forward
@@ -312,58 +315,173 @@ def forward(
 ) -> np.ndarray:
     """Intact logits, the fast way.  ids (B, T) -> logits (B, T', V) at `positions` (all by default)."""
     ids = np.asarray(ids)
-    attention_mask = (
-        np.ones(ids.shape, np.int64) if attention_mask is None else np.asarray(attention_mask)
-    )
+    if attention_mask is None:
+        attention_mask = np.ones(ids.shape, np.int64)
     config = prep.config
-    inp = make_inputs(config, ids, attention_mask, prep.dtype)
-    x = embed(prep.params, config, ids, inp.positions).astype(prep.dtype, copy=False)  # (B, T, D)
+    inp = prepare_inputs(config, np.asarray(attention_mask), ids.shape[1], prep.dtype)
+    x = _embed(prep, ids, inp.positions)  # (B, T, D)
     L = config.n_layers
     for j, lw in enumerate(prep.layers):
-        last = j == L - 1
-        q = positions if last else slice(None)
-        z, _, _ = _attention_z(lw, x, config, inp.mask[:, :, q], inp.rotary, q)
-        x = _mlp_residual_(lw, _attn_out_residual(lw, x[:, q], z), config)
+        query = positions if j == L - 1 else slice(None)
+        z, _, _ = _attention_step(lw, x, config, inp.mask[:, :, query], inp.rotary, query)
+        x = _block_rest(lw, x[:, query], z, None, None, config)
     return _unembed(prep, x, columns)
 
 
-# --------------------------------------------------------------------------- many conditions, shared prefixes
+# --------------------------------------------------------------------------- prefix trees
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One level of a prefix tree: rows of tokens, each continuing one row of the level above.
+
+    Inputs of a tree-shaped forward, built by `tree`: positions count the real tokens of a row's
+    lineage (earlier segments', then its own), and the mask lets a query see the real keys of
+    its lineage and the causal ones of its own row.
+    """
+
+    ids: np.ndarray  # (R, T) left-padded
+    valid: np.ndarray  # (R, T) bool: real tokens
+    lineage: tuple[np.ndarray, ...]  # per earlier segment k: (R,) int, the ancestor row there
+    positions: np.ndarray  # (R, T)
+    mask: np.ndarray  # (R, 1, T, S) S = widths of the earlier segments + T
+    rotary: Rotary | None  # (R, 1, T, E/2)
+
+
+def left_pad(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Token-id lists -> ids (R, T) left-padded with id 0 (masked, never read), valid (R, T) bool."""
+    T = max(1, max(len(r) for r in rows))
+    ids = np.zeros((len(rows), T), np.int64)
+    valid = np.zeros((len(rows), T), bool)
+    for b, r in enumerate(rows):
+        if len(r):
+            ids[b, T - len(r) :] = r
+            valid[b, T - len(r) :] = True
+    return ids, valid
+
+
+def tree(
+    prep: Prepared, levels: Sequence[tuple[np.ndarray, np.ndarray, Sequence[int] | None]]
+) -> list[Segment]:
+    """Segments from levels [(ids (R, T), valid (R, T), parent row of each in the level above)].
+
+    The first level's parents are None. A row may have no real token (it continues its parent
+    unchanged; its padding queries' outputs are ignored).
+    """
+    config = prep.config
+    segments: list[Segment] = []
+    for ids, valid, parent in levels:
+        valid = np.asarray(valid, bool)
+        if segments:
+            parent = np.asarray(parent, np.int64)
+            lineage = tuple(a[parent] for a in segments[-1].lineage) + (parent,)
+        else:
+            lineage = ()
+        past = [segments[k].valid[lineage[k]] for k in range(len(segments))]  # (R, T_k) each
+        key_valid = np.concatenate(past + [valid], axis=1)  # (R, S)
+        inp = prepare_inputs(config, key_valid, ids.shape[1], prep.dtype)
+        segments.append(
+            Segment(ids=np.asarray(ids), valid=valid, lineage=lineage, positions=inp.positions,
+                    mask=inp.mask, rotary=inp.rotary)
+        )  # fmt: skip
+    return segments
+
+
+def common_prefix(seqs: Sequence[Sequence[int]], keep: Sequence[int]) -> int:
+    """Length of the longest common token prefix of `seqs` that leaves row b at least keep[b] tokens."""
+    n = min(len(s) - k for s, k in zip(seqs, keep))
+    first = seqs[0]
+    for s in seqs[1:]:
+        i = 0
+        while i < n and s[i] == first[i]:
+            i += 1
+        n = i
+    return max(n, 0)
+
+
+def _tile(a, n: int):
+    return a if n == 1 else np.concatenate([a] * n, axis=0)
+
+
+def _tile_rotary(rot: Rotary | None, n: int, query=slice(None)) -> Rotary | None:
+    if rot is None:
+        return None
+    return Rotary(cos=_tile(rot.cos[:, :, query], n), sin=_tile(rot.sin[:, :, query], n))
+
+
+def _past(segments: list[Segment], s: int, kv: list[tuple[np.ndarray, np.ndarray]], n: int):
+    """The K/V segment s attends to before its own: earlier segments' along each row's lineage.
+
+    kv[k] = (k, v) of segment k for n stacked condition keys, (n R_k, G, T_k, E) each.
+    Returns a `Past` (n R_s, G, S_past, E) or None for the first segment.
+    """
+    if s == 0:
+        return None
+    ks, vs = [], []
+    for k in range(s):
+        R_k = segments[k].ids.shape[0]
+        rows = (np.arange(n)[:, None] * R_k + segments[s].lineage[k][None, :]).ravel()  # (n R_s,)
+        ks.append(kv[k][0][rows])
+        vs.append(kv[k][1][rows])
+    return Past(np.concatenate(ks, axis=2), np.concatenate(vs, axis=2))
+
+
+def _tree_attention(prep, j, segments, xs, n, readout):
+    """Attention of layer j for every segment of n stacked condition keys.
+
+    xs[s] (n R_s, T_s, D). At the last layer only the last segment's `readout` queries run
+    (earlier segments give their K/V only). Returns z per segment (n R_s, H, Tq_s, E) and
+    (k, v) per segment (n R_s, G, T_s, E).
+    """
+    config, lw = prep.config, prep.layers[j]
+    last_layer = j == config.n_layers - 1
+    zs, kv = [], []
+    for s, (seg, x) in enumerate(zip(segments, xs)):
+        query = slice(None)
+        if last_layer:
+            query = readout if s == len(segments) - 1 else slice(0, 0)
+        z, k, v = _attention_step(
+            lw, x, config, _tile(seg.mask[:, :, query], n), _tile_rotary(seg.rotary, n),
+            query, _past(segments, s, kv, n),
+        )  # fmt: skip
+        zs.append(z)
+        kv.append((k, v))
+    return zs, kv
+
+
+def _layer_segments(segments, j, L, readout):
+    """Which segments leave layer j with a residual stream, and at which positions."""
+    if j < L - 1:
+        return [(s, slice(None)) for s in range(len(segments))]
+    return [(len(segments) - 1, readout)]
 
 
 @dataclass
-class IntactState:
-    """One intact pass kept layer by layer: what every ablated condition starts from."""
+class IntactTree:
+    """One intact pass over a tree, kept layer by layer: what every ablated condition starts from."""
 
-    inputs: Inputs
-    resid_pre: list[np.ndarray]  # L x (B, T, D)
-    z: list[np.ndarray]  # L x (B, H, T, E) per-head outputs (what ablation replaces)
-    kv: list[tuple[np.ndarray, np.ndarray]]  # L x (k, v) each (B, G, T, E)
-    resid_final: np.ndarray  # (B, T', D) at the read-out positions
+    segments: list[Segment]
+    resid_pre: list[list[np.ndarray]]  # [layer][segment] (R_s, T_s, D)
+    z: list[list[np.ndarray]]  # [layer][segment] (R_s, H, Tq_s, E) what ablation replaces
+    kv: list[list[tuple[np.ndarray, np.ndarray]]]  # [layer][segment] (k, v) (R_s, G, T_s, E)
+    resid_final: np.ndarray  # (R_last, T', D) at the read-out positions of the last segment
     readout: slice
 
 
-def intact_pass(
-    prep: Prepared, ids: np.ndarray, attention_mask: np.ndarray, readout: slice
-) -> IntactState:
-    config = prep.config
-    inp = make_inputs(config, ids, attention_mask, prep.dtype)
-    x = embed(prep.params, config, ids, inp.positions).astype(prep.dtype, copy=False)  # (B, T, D)
+def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> IntactTree:
+    L = prep.config.n_layers
+    xs = [_embed(prep, seg.ids, seg.positions) for seg in segments]  # (R_s, T_s, D) each
     resid_pre, zs, kvs = [], [], []
-    L = config.n_layers
     for j, lw in enumerate(prep.layers):
-        resid_pre.append(x)
-        z, k, v = _attention_z(
-            lw, x, config, inp.mask, inp.rotary
-        )  # all queries: ablations need all z
+        resid_pre.append(xs)
+        z, kv = _tree_attention(prep, j, segments, xs, 1, readout)
         zs.append(z)
-        kvs.append((k, v))
-        q = readout if j == L - 1 else slice(None)
-        x = _mlp_residual_(
-            lw, _attn_out_residual(lw, x[:, q], np.ascontiguousarray(z[:, :, q])), config
-        )
-    return IntactState(
-        inputs=inp, resid_pre=resid_pre, z=zs, kv=kvs, resid_final=x, readout=readout
-    )
+        kvs.append(kv)
+        xs = [
+            _block_rest(lw, xs[s][:, q], z[s], None, None, prep.config)
+            for s, q in _layer_segments(segments, j, L, readout)
+        ]
+    return IntactTree(segments, resid_pre, zs, kvs, resid_final=xs[0], readout=readout)
 
 
 def _keep_rows(keys: Sequence[Condition], layer: int, H: int, dtype) -> np.ndarray | None:
@@ -376,13 +494,14 @@ def _keep_rows(keys: Sequence[Condition], layer: int, H: int, dtype) -> np.ndarr
     return None if keep.all() else keep
 
 
-def _rows(keep: np.ndarray | None, B: int) -> np.ndarray | None:
-    return None if keep is None else np.repeat(keep, B, axis=0)  # (n B, H)
+def _below(cond: Condition, j: int) -> Condition:
+    """The heads of `cond` in layers below j: what the residual stream entering layer j depends on."""
+    return tuple(hd for hd in cond if hd[0] < j)
 
 
-def ablated_states(
+def ablated_tree(
     prep: Prepared,
-    intact: IntactState,
+    intact: IntactTree,
     conds: Sequence[Condition],
     fill: np.ndarray | None,
     *,
@@ -390,64 +509,64 @@ def ablated_states(
 ):
     """Final residual at the read-out positions for every condition, sharing every common prefix.
 
-    Returns (final {cond: (B, T', D)}, kv {cond: [L x (k, v)]} if keep_kv). The state entering
-    layer j is keyed by the condition's heads below j; the intact key () is never recomputed.
-    fill (L, H, E) for mean ablation, None for zero ablation.
+    Returns (final {cond: (R_last, T', D)}, kv {cond: [layer][segment] (k, v)} if keep_kv). The
+    state entering layer j is keyed by the condition's heads below j; the intact key () is
+    never recomputed. fill (L, H, E) for mean ablation, None for zero ablation.
     """
     config = prep.config
     L, H = config.n_layers, config.n_heads
-    B, T = intact.inputs.ids.shape
-    inp = intact.inputs
+    segments = intact.segments
     conds = [tuple(sorted(c)) for c in conds]
-    below = lambda c, j: tuple(hd for hd in c if hd[0] < j)
-    states: dict[
-        Condition, np.ndarray
-    ] = {}  # key (heads < j) -> (B, T, D) entering layer j, non-intact keys
+    states: dict[Condition, list[np.ndarray]] = {}  # key (heads < j) -> per segment, entering j
     kv: dict[Condition, list] = {c: [] for c in conds} if keep_kv else {}
     for j, lw in enumerate(prep.layers):
-        last = j == L - 1
-        q = intact.readout if last else slice(None)
-        parents = sorted({below(c, j) for c in conds})  # keys entering layer j
-        children = sorted(
-            {below(c, j + 1) for c in conds} - {()}
-        )  # keys leaving layer j (non-intact)
-        # attention of every non-intact parent, stacked; the intact parent's z is the intact pass's
+        parents = sorted({_below(c, j) for c in conds})  # keys entering layer j
+        children = sorted({_below(c, j + 1) for c in conds} - {()})  # keys leaving j, non-intact
+        # attention of every non-intact parent, stacked; the intact parent's is the intact pass's
+        z_of = {(): intact.z[j]}
+        kv_of = {(): intact.kv[j]}
         computed = [p for p in parents if p]
-        z_of: dict[Condition, np.ndarray] = {(): intact.z[j][:, :, q]}
         if computed:
             n = len(computed)
-            x_in = np.concatenate([states[p] for p in computed])  # (n B, T, D)
-            z, k, v = _attention_z(
-                lw, x_in, config, _tile(inp.mask[:, :, q], n), _tile_rotary(inp.rotary, n), q
-            )
+            xs = [np.concatenate([states[p][s] for p in computed]) for s in range(len(segments))]
+            zs, kvs = _tree_attention(prep, j, segments, xs, n, intact.readout)
             for i, p in enumerate(computed):
-                z_of[p] = z[i * B : (i + 1) * B]
-                if keep_kv:
-                    for c in conds:
-                        if below(c, j) == p:
-                            kv[c].append((k[i * B : (i + 1) * B], v[i * B : (i + 1) * B]))
+                rows = [slice(i * len(z) // n, (i + 1) * len(z) // n) for z in zs]
+                z_of[p] = [z[r] for z, r in zip(zs, rows)]
+                kv_of[p] = [(k[r], v[r]) for (k, v), r in zip(kvs, rows)]
         if keep_kv:
             for c in conds:
-                if below(c, j) == ():
-                    kv[c].append(intact.kv[j])
-        new_states: dict[Condition, np.ndarray] = {}
+                kv[c].append(kv_of[_below(c, j)])
+        new_states: dict[Condition, list[np.ndarray]] = {c: [] for c in children}
         if children:
             n = len(children)
-            par = [below(c, j) for c in children]
-            z_in = np.concatenate(
-                [z_of[p] for p in par]
-            )  # (n B, H, Tq, E) a copy: ablated in place
-            x_in = np.concatenate(
-                [states[p][:, q] if p else intact.resid_pre[j][:, q] for p in par]
-            )  # (n B, Tq, D)
-            keep = _rows(_keep_rows(children, j, H, prep.dtype), B)
-            _ablate_(z_in, keep, None if fill is None else fill[j])
-            x_out = _mlp_residual_(lw, _attn_out_residual(lw, x_in, z_in), config)  # (n B, Tq, D)
-            for i, c in enumerate(children):
-                new_states[c] = x_out[i * B : (i + 1) * B]
+            par = [_below(c, j) for c in children]
+            keep = _keep_rows(children, j, H, prep.dtype)  # (n, H)
+            for s, q in _layer_segments(segments, j, L, intact.readout):
+                R = segments[s].ids.shape[0]
+                z_in = np.concatenate([z_of[p][s] for p in par])  # (n R, H, Tq, E) a copy
+                x_in = np.concatenate(
+                    [states[p][s][:, q] if p else intact.resid_pre[j][s][:, q] for p in par]
+                )  # (n R, Tq, D)
+                rows_keep = None if keep is None else np.repeat(keep, R, axis=0)  # (n R, H)
+                x_out = _block_rest(
+                    lw, x_in, z_in, rows_keep, None if fill is None else fill[j], config
+                )
+                for i, c in enumerate(children):
+                    new_states[c].append(x_out[i * R : (i + 1) * R])
         states = new_states
-    final = {c: (states[c] if c else intact.resid_final) for c in conds}
+    final = {c: (states[c][-1] if c else intact.resid_final) for c in conds}
     return final, kv
+
+
+def _waves(conds: Sequence[Condition], per_wave: int) -> list[list[Condition]]:
+    """Distinct conditions, sorted (shared lowest heads are neighbours), in waves."""
+    order = sorted(set(conds))
+    return [order[i : i + per_wave] for i in range(0, len(order), per_wave)]
+
+
+def _tokens(segments: list[Segment]) -> int:
+    return sum(seg.ids.size for seg in segments)
 
 
 def ablated_readout(
@@ -460,154 +579,268 @@ def ablated_readout(
     readout: slice = slice(-1, None),
     columns: np.ndarray | None = None,
     max_rows: int = 4096,
-    reduce: Callable[[np.ndarray], np.ndarray] | None = None,
-) -> list[np.ndarray]:
+    reduce: Callable[[np.ndarray], object] | None = None,
+    share_prefix: bool = True,
+) -> list:
     """Logits (B, T', V or C) at the `readout` positions for each condition (in the given order).
 
-    Conditions are processed in sorted order (shared prefixes are neighbours), in waves of at
-    most `max_rows` token rows (B T per condition) to bound memory. `reduce` (e.g. an argmax)
+    ids (B, T) left-padded. With share_prefix the batch's longest common token prefix (that
+    leaves every row its read-out positions) runs once per condition as its own segment.
+    Conditions run in sorted waves of at most `max_rows` token rows; `reduce` (e.g. an argmax)
     is applied to each condition's logits as its wave finishes, so full-vocabulary logits of
     hundreds of conditions are never held at once.
     """
-    ids = np.asarray(ids)
-    intact = intact_pass(prep, ids, attention_mask, readout)
-    conds = [tuple(sorted(c)) for c in conds]
-    per_wave = max(1, max_rows // max(1, ids.size))
-    order = sorted(set(conds))
-    logits: dict[Condition, np.ndarray] = {}
-    for start in range(0, len(order), per_wave):
-        wave = order[start : start + per_wave]
-        final, _ = ablated_states(prep, intact, wave, fill)
+    ids, valid = np.asarray(ids), np.asarray(attention_mask).astype(bool)
+    B, T = ids.shape
+    read = range(T)[readout]
+    n_read = len(read)
+    if n_read == 0 or read.step != 1 or read[-1] != T - 1:
+        raise ValueError(f"readout must be the last positions (slice(-n, None)), got {readout}")
+    rows = [list(ids[b][valid[b]]) for b in range(B)]
+    P = common_prefix(rows, [n_read] * B) if share_prefix and B > 1 else 0
+    if P:  # rows are left-padded: each keeps its last n_read real tokens in the suffix
+        segments = tree(
+            prep, [(*left_pad([rows[0][:P]]), None), (*left_pad([r[P:] for r in rows]), [0] * B)]
+        )
+    else:
+        segments = tree(prep, [(ids, valid, None)])
+    last = segments[-1].ids.shape[1]
+    read = slice(last - n_read, None)
+    intact = intact_tree(prep, segments, read)
+    per_wave = max(1, max_rows // max(1, _tokens(segments)))
+    logits: dict[Condition, object] = {}
+    for wave in _waves([tuple(sorted(c)) for c in conds], per_wave):
+        final, _ = ablated_tree(prep, intact, wave, fill)
         stacked = _unembed(prep, np.concatenate([final[c] for c in wave]), columns)  # (n B, T', C)
-        B = ids.shape[0]
         for i, c in enumerate(wave):
             lg = stacked[i * B : (i + 1) * B]
             logits[c] = lg if reduce is None else reduce(lg)
-    return [logits[c] for c in conds]
+    return [logits[tuple(sorted(c))] for c in conds]
 
 
-# --------------------------------------------------------------------------- generation
+# --------------------------------------------------------------------------- greedy generation
+
+
+@dataclass(frozen=True)
+class Stop:
+    """When a greedy row ends: a stop token (excluded), `is_done(ids so far)`, or the cap."""
+
+    ids: Collection[int]
+    max_new_tokens: int
+    is_done: Callable[[list[int]], bool] | None = None
+
+
+def _accept(new: list[int], token: int, stop: Stop) -> bool:
+    """Append a generated token to a row; True when the row is finished."""
+    if token in stop.ids:
+        return True
+    new.append(token)
+    return len(new) >= stop.max_new_tokens or (stop.is_done is not None and stop.is_done(new))
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A row that must decode on: where its known greedy tokens end."""
+
+    cond: int  # index into the wave
+    prompt: int  # index of the prompt
+    row: int  # the continuation row (last segment) whose first `matched` draft tokens it keeps
+    matched: int  # draft tokens that are greedy tokens (their K/V are valid)
+    token: int  # the next greedy token (fed first)
+
+
+class DecodeCache:
+    """KV cache of rows that decode on: every segment's K/V along the row's lineage, then slots
+    for new tokens. `layer(j)` is what `_attention_step` extends for layer j."""
+
+    def __init__(self, k: list[np.ndarray], v: list[np.ndarray], valid: np.ndarray, first: int):
+        self.k, self.v = k, v  # L x (r, G, S_max, E)
+        self.valid = valid  # (r, S_max) bool
+        self.slot = first  # the slot the next token's K/V go to
+
+    def layer(self, j: int) -> _CacheLayer:
+        return _CacheLayer(self, j)
+
+    def keep(self, live: np.ndarray) -> None:
+        """Drop finished rows from every buffer."""
+        self.k = [a[live] for a in self.k]
+        self.v = [a[live] for a in self.v]
+        self.valid = self.valid[live]
+
+
+@dataclass(frozen=True)
+class _CacheLayer:
+    cache: DecodeCache
+    j: int
+
+    def extend(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Write this step's k, v (r, G, 1, E) to the slot; all keys so far (r, G, slot + 1, E)."""
+        c, s = self.cache, self.cache.slot
+        c.k[self.j][:, :, s : s + 1] = k
+        c.v[self.j][:, :, s : s + 1] = v
+        return c.k[self.j][:, :, : s + 1], c.v[self.j][:, :, : s + 1]
+
+
+def _decode_step(
+    prep: Prepared,
+    cache: DecodeCache,
+    tokens: np.ndarray,
+    keep: np.ndarray,
+    fill: np.ndarray | None,
+) -> np.ndarray:
+    """Feed one token per row at the cache's slot; the next greedy token of each row.
+
+    tokens (r,), keep (r, L, H) 0 at ablated heads -> (r,) argmax of the next-token logits.
+    """
+    config, s = prep.config, cache.slot
+    cache.valid[:, s] = True
+    inp = prepare_inputs(
+        config, cache.valid[:, : s + 1], 1, prep.dtype
+    )  # positions, mask (r,1,1,S)
+    x = _embed(prep, tokens[:, None], inp.positions)  # (r, 1, D)
+    for j, lw in enumerate(prep.layers):
+        z, _, _ = _attention_step(lw, x, config, inp.mask, inp.rotary, past=cache.layer(j))
+        keep_j = None if keep[:, j].all() else keep[:, j]
+        x = _block_rest(lw, x, z, keep_j, None if fill is None else fill[j], config)
+    cache.slot += 1
+    return finite_argmax(_unembed(prep, x[:, -1], None))  # (r,)
+
+
+def _decode_cache(prep, segments, kv, resumes, draft_len, max_new) -> DecodeCache:
+    """The KV cache of the rows in `resumes` (one wave): lineage K/V, draft K/V up to `matched`."""
+    config = prep.config
+    G, E = config.n_kv_heads, config.d_head
+    widths = [seg.ids.shape[1] for seg in segments]
+    S0 = sum(widths)
+    r = len(resumes)
+    k = [np.zeros((r, G, S0 + max_new, E), prep.dtype) for _ in range(config.n_layers)]
+    v = [np.zeros((r, G, S0 + max_new, E), prep.dtype) for _ in range(config.n_layers)]
+    valid = np.zeros((r, S0 + max_new), bool)
+    last = len(segments) - 1
+    for i, rs in enumerate(resumes):
+        rows = [segments[last].lineage[s][rs.row] for s in range(last)] + [rs.row]
+        start = 0
+        for s, (width, row) in enumerate(zip(widths, rows)):
+            valid[i, start : start + width] = segments[s].valid[row]
+            for j in range(config.n_layers):
+                ks, vs = kv[rs.cond][j][s]
+                k[j][i, :, start : start + width] = ks[row]
+                v[j][i, :, start : start + width] = vs[row]
+            start += width
+        valid[i, S0 - draft_len[rs.row] + rs.matched : S0] = False  # draft tokens past the match
+    return DecodeCache(k, v, valid, S0)
 
 
 def generate_conditions(
     prep: Prepared,
     prompts: Sequence[Sequence[int]],
-    pad_id: int,
     conds: Sequence[Condition],
     fill: np.ndarray | None,
-    max_new_tokens: int,
+    stop: Stop,
     *,
-    eos: int | None = None,
-    is_done: Callable[[list[int]], bool] | None = None,
-    max_rows: int = 2048,
-) -> list[list[list[int]]]:
-    """Greedy continuations of every prompt under every condition: out[k][b] = new ids (eos excluded).
+    drafts: Sequence[Sequence[Sequence[int]]] | None = None,
+    score: Callable[[np.ndarray], object] | None = None,
+    share_prefix: bool = True,
+    verify: bool = True,
+    max_rows: int = 8192,
+) -> tuple[list[list[list[int]]], list]:
+    """Greedy continuations of every prompt under every condition, and a score of the drafts.
 
-    The same tokens as `Model.generate_ids(prompts, ablate=cond)` for each cond. The prompt pass
-    reuses the intact prefix (`ablated_states` with keep_kv); then all (condition, prompt) rows
-    of a wave decode together with a preallocated KV cache; a row stops at eos or when
-    `is_done(its ids so far)` (the caller's "newline reached"), and leaves the batch.
+    Returns (out, scores): out[k][b] = new ids of prompt b under conds[k] (stop token excluded),
+    the same tokens as `Model.generate_ids` cut by `stop`; scores[k] = score(logits) of the
+    draft rows under conds[k] (None without `score`).
+
+    drafts[b]: guesses of prompt b's continuation (e.g. the reference answer, the intact model's
+    answer); they change only the cost. The tree is: the prompts' common prefix (share_prefix),
+    each prompt but its last token, and per draft [last prompt token] + draft. The draft rows'
+    logits (C, n, V), right-aligned (row c's last logit predicts the token after its draft),
+    go to `score`; c runs over the drafts in order (prompt 0's, then prompt 1's, ...).
+    verify=False takes only the first greedy token from the forward and decodes the rest (the
+    plain prompt pass + KV-cache decoding, for measuring what the drafts save).
     """
-    config = prep.config
-    L, H, G, E = config.n_layers, config.n_heads, config.n_kv_heads, config.d_head
     B = len(prompts)
-    T = max(len(p) for p in prompts)
-    ids = np.full((B, T), pad_id, np.int64)
-    amask = np.zeros((B, T), np.int64)
-    for b, p in enumerate(prompts):
-        ids[b, T - len(p) :] = p
-        amask[b, T - len(p) :] = 1
+    drafts = [list(d) if d else [[]] for d in (drafts or [[[]]] * B)]
+    parent = [b for b in range(B) for _ in drafts[b]]
+    cont = [[prompts[b][-1], *d] for b in range(B) for d in drafts[b]]  # (C rows)
+    draft_len = [len(c) - 1 for c in cont]
+    heads = [list(p[:-1]) for p in prompts]
+    P = common_prefix(heads, [0] * B) if share_prefix and B > 1 else 0
+    levels = [(*left_pad([h[P:] for h in heads]), None), (*left_pad(cont), parent)]
+    if P:
+        levels = [(*left_pad([heads[0][:P]]), None), (*levels[0][:2], [0] * B), levels[1]]
+    segments = tree(prep, levels)
+    n_read = segments[-1].ids.shape[1]
+    intact = intact_tree(prep, segments, slice(None))
     conds = [tuple(sorted(c)) for c in conds]
-    intact = intact_pass(prep, ids, amask, slice(-1, None))
-    order = sorted(set(conds))
-    per_wave = max(1, max_rows // max(1, B * (T + max_new_tokens)))
+    per_wave = max(1, max_rows // max(1, _tokens(segments)))
     results: dict[Condition, list[list[int]]] = {}
-    n_real = amask.sum(axis=1)  # (B,)
-    for start in range(0, len(order), per_wave):
-        wave = order[start : start + per_wave]
-        n = len(wave)
-        final, kv = ablated_states(prep, intact, wave, fill, keep_kv=max_new_tokens > 1)
-        first = finite_argmax(
-            _unembed(prep, np.concatenate([final[c] for c in wave]), None)[:, -1]
-        )  # (n B,)
-        R = n * B
-        new: list[list[int]] = [[] for _ in range(R)]
-        active = np.ones(R, bool)
-        _accept(new, active, np.arange(R), first, eos, is_done, max_new_tokens)
-        if active.any():
-            S = T + max_new_tokens
-            kbuf = [np.zeros((R, G, S, E), prep.dtype) for _ in range(L)]
-            vbuf = [np.zeros((R, G, S, E), prep.dtype) for _ in range(L)]
-            for j in range(L):
-                for i, c in enumerate(wave):
-                    kbuf[j][i * B : (i + 1) * B, :, :T] = kv[c][j][0]
-                    vbuf[j][i * B : (i + 1) * B, :, :T] = kv[c][j][1]
-            valid = np.zeros((R, S), bool)
-            valid[:, :T] = np.tile(amask.astype(bool), (n, 1))
-            keep_all = np.ones((R, L, H), prep.dtype)
-            for i, c in enumerate(wave):
-                for l, h in c:
-                    keep_all[i * B : (i + 1) * B, l, h] = 0.0
-            rows = np.arange(R)  # which original rows the buffers hold
-            pos = np.tile(n_real, n)  # (R,) position of the next token
-            token = first
-            for step in range(1, max_new_tokens):
-                live = active[rows]
-                if live.sum() < 0.75 * len(rows):  # compact: drop finished rows from every buffer
-                    kbuf = [kb[live] for kb in kbuf]
-                    vbuf = [vb[live] for vb in vbuf]
-                    valid, pos, token, rows = valid[live], pos[live], token[live], rows[live]
-                s = T + step - 1  # slot of the token being fed
-                valid[:, s] = True
-                x = embed(prep.params, config, token[:, None], pos[:, None]).astype(
-                    prep.dtype, copy=False
-                )  # (r, 1, D)
-                mask = valid[:, None, None, : s + 1]  # (r, 1, 1, s+1)
-                rot = None
-                if config.family == "llama":
-                    rot = rotary_tables(pos[:, None], E, config.rope_base, dtype=prep.dtype)
-                keep = keep_all[rows]  # (r, L, H)
-                for j, lw in enumerate(prep.layers):
-                    x2 = x.reshape(-1, x.shape[-1])
-                    xn = _norm(x2, lw.ln1_w, lw.ln1_b, config)
-                    y = _linear(xn, lw.W_qkv, lw.b_qkv).reshape(len(rows), 1, H + 2 * G, E)
-                    q = y[:, :, :H].transpose(0, 2, 1, 3)  # (r, H, 1, E)
-                    kn = y[:, :, H : H + G].transpose(0, 2, 1, 3)  # (r, G, 1, E)
-                    vn = y[:, :, H + G :].transpose(0, 2, 1, 3)
-                    if rot is not None:
-                        q = rotary_forward(q, rot)
-                        kn = rotary_forward(kn, rot)
-                    kbuf[j][:, :, s : s + 1] = kn
-                    vbuf[j][:, :, s : s + 1] = vn
-                    z, _ = softmax_attention_forward(
-                        q,
-                        kbuf[j][:, :, : s + 1],
-                        vbuf[j][:, :, : s + 1],
-                        scale=1.0 / float(np.sqrt(E)),
-                        mask=mask,
-                    )  # (r, H, 1, E)
-                    kj = keep[:, j]
-                    _ablate_(z, None if kj.all() else kj, None if fill is None else fill[j])
-                    x = _mlp_residual_(lw, _attn_out_residual(lw, x, z), config)
-                token = finite_argmax(_unembed(prep, x[:, -1], None))  # (r,)
-                pos = pos + 1
-                _accept(new, active, rows, token, eos, is_done, max_new_tokens)
-                if not active.any():
-                    break
+    scored: dict[Condition, object] = {}
+    for wave in _waves(conds, per_wave):
+        final, kv = ablated_tree(prep, intact, wave, fill, keep_kv=True)
+        resumes = []
         for i, c in enumerate(wave):
-            results[c] = new[i * B : (i + 1) * B]
-    return [results[c] for c in conds]
+            logits = _unembed(prep, final[c], None)  # (C, n, V)
+            scored[c] = None if score is None else score(logits)
+            greedy = finite_argmax(logits)  # (C, n)
+            results[c] = []
+            for b in range(B):
+                new, resume = _verify(b, i, parent, cont, draft_len, greedy, n_read, stop, verify)
+                results[c].append(new)
+                if resume is not None:
+                    resumes.append(resume)
+        kv_wave = [kv[c] for c in wave]
+        _decode(prep, segments, kv_wave, wave, resumes, results, draft_len, fill, stop)
+    return [results[c] for c in conds], [scored[c] for c in conds]
 
 
-def _accept(new, active, rows, tokens, eos, is_done, max_new_tokens) -> None:
-    """Append each active row's token; mark rows done at eos, at `is_done`, or at the length cap."""
-    for r, t in zip(rows, tokens):
-        if not active[r]:
-            continue
-        t = int(t)
-        if eos is not None and t == eos:
-            active[r] = False
-            continue
-        new[r].append(t)
-        if len(new[r]) >= max_new_tokens or (is_done is not None and is_done(new[r])):
-            active[r] = False
+def _verify(b, cond, parent, cont, draft_len, greedy, n_read, stop, verify=True):
+    """Greedy tokens of prompt b known from the draft forward; a `Resume` if it must decode on.
+
+    greedy (C, n): argmax at every draft position (right-aligned). The draft whose tokens match
+    the argmax longest is followed: its matched tokens, then the argmax after them, are exactly
+    what greedy decoding produces.
+    """
+    best, matched = None, -1
+    for c in (c for c in range(len(parent)) if parent[c] == b):
+        A = draft_len[c]
+        g = greedy[c, n_read - 1 - A :]  # (A + 1,) g[i] predicts draft token i (g[A]: after it)
+        m = 0
+        while verify and m < A and g[m] == cont[c][1 + m]:
+            m += 1
+        if m > matched:
+            best, matched = c, m
+    A = draft_len[best]
+    g = greedy[best, n_read - 1 - A :]
+    new: list[int] = []
+    for m in range(matched + 1):
+        if _accept(new, int(g[m]), stop):
+            return new, None
+    return new, Resume(cond=cond, prompt=b, row=best, matched=matched, token=int(g[matched]))
+
+
+def _decode(prep, segments, kv, wave, resumes, results, draft_len, fill, stop):
+    """Real greedy decoding of the rows in `resumes`, from their known tokens, until they stop."""
+    if not resumes:
+        return
+    L, H = prep.config.n_layers, prep.config.n_heads
+    cache = _decode_cache(prep, segments, kv, resumes, draft_len, stop.max_new_tokens)
+    keep = np.ones((len(resumes), L, H), prep.dtype)  # (r, L, H)
+    for i, rs in enumerate(resumes):
+        for l, h in wave[rs.cond]:
+            keep[i, l, h] = 0.0
+    tokens = np.array([rs.token for rs in resumes])  # (r,) fed next (already accepted)
+    rows = list(resumes)
+    while rows:
+        nxt = _decode_step(prep, cache, tokens, keep, fill)  # (r,)
+        live = np.array(
+            [
+                not _accept(results[wave[rs.cond]][rs.prompt], int(t), stop)
+                for rs, t in zip(rows, nxt)
+            ]
+        )
+        if not live.all():
+            cache.keep(live)
+            keep, tokens = keep[live], nxt[live]
+            rows = [rs for rs, ok in zip(rows, live) if ok]
+        else:
+            tokens = nxt

@@ -1,0 +1,380 @@
+"""Benchmark of the real workload: a singleton head screen of a generate task, ours vs torch.
+
+    PYTHONPATH=. /work/main/.venv-ref/bin/python bench/bench_screen.py                # with torch
+    ... --tasks capitals --sizes 20,50 --sample-heads 10 --all-heads --workers-heads 32
+
+Not a test: one invocation prints one table of times and ratios. Per task and discovery size D
+(items from the task's discovery panel, seed 0), every timed path screens the same heads (10
+spread over the layers by default, as the routine does: chunks of 8 conditions per
+`evaluate_many`, a fresh evaluator each, so one-off work such as the intact drafts is counted):
+
+  ours                 `LMEvaluator` fast path with every saving (prefix tree, forced answers
+                       verified along the reference and the intact model's answer)
+  ours -<saving>       the same with one saving switched off: share_prefix, intact_drafts
+                       (reference draft only), forced (prompt pass + KV-cache decoding, the
+                       engine before forced answers)
+  torch generate       transformers + torch as a user would screen: a forward pre-hook on
+                       o_proj zeroing the head's slice of its input, batched greedy
+                       `model.generate` (KV cache, left padding, same batch size) with the same
+                       stop rule (eos, a StoppingCriteria for the stop text, max_new_tokens);
+                       the model is a LlamaForCausalLM holding our dequantized weights
+  verdicts             per head and item, ours == torch (answers and correctness), and
+                       ours == every switched-off variant (answers, correctness, ref_logprob)
+  --all-heads          ours on every head: the real screen's time, seconds per (condition x item)
+  FLOP floor           multiply-adds an exact screen cannot avoid, per head (l, h) and item:
+                       W_O and the MLP of layer l and every layer above for the prompt and the
+                       generated answer's tokens (K/V only at the last layer except the read-out
+                       positions, attention scores causal), the unembedding at the answer's
+                       positions, plus one intact forward of the panel; at the float32 GEMM
+                       peak measured in this run. "x floor" = time / floor time.
+  workers              the sampled screen through a ProcessPoolExecutor (spawned processes, one
+                       BLAS thread each, models loaded before timing): 2 workers vs 1.
+  peak RSS             ru_maxrss of this process (torch included once loaded).
+
+The machine is shared: medians are not possible for runs of minutes, so every ratio comes from
+paths timed back to back in one invocation, and the load average is printed before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import resource
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_forward import gemm_peak, torch_llama_from
+
+import cel_numpy as cn
+from cel_numpy.localize.evaluate import LMEvaluator
+from cel_numpy.localize.routine import evaluate_chunk
+from cel_numpy.localize.scoring import stop_rule
+from cel_numpy.tasks import get_task, make_panels
+
+try:
+    import torch
+    import transformers
+except ImportError:  # ours only
+    torch = transformers = None
+
+CHUNK = 8  # conditions per evaluate_many call, as the routine's default chunk_size
+
+
+def spread(heads, k):
+    if k <= 0 or k >= len(heads):
+        return list(heads)
+    return [heads[i] for i in np.linspace(0, len(heads) - 1, k).round().astype(int)]
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+# --------------------------------------------------------------------------- ours
+
+
+def screen_ours(model, task, items, heads, **switches):
+    """(seconds, {head: [ExampleResult]}) of the screen through a fresh fast evaluator."""
+    ev = LMEvaluator(model, task, batch_size=16, **switches)
+    conds = [((l, h),) for l, h in heads]
+    t0 = time.perf_counter()
+    out = {}
+    for i in range(0, len(conds), CHUNK):
+        for c, res in zip(conds[i : i + CHUNK], ev.evaluate_many(items, conds[i : i + CHUNK])):
+            out[c[0]] = res
+    return time.perf_counter() - t0, out
+
+
+def _warm(ev, items):
+    evaluate_chunk(ev, items[:1], [()])
+    time.sleep(3)  # keep this worker busy so that the other warm-up goes to another worker
+    return os.getpid()
+
+
+def screen_workers(task_name, items, heads, workers: int) -> float:
+    """Seconds of the screen through `workers` spawned processes, one BLAS thread each."""
+    os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    ctx = multiprocessing.get_context("spawn")
+    task = get_task(task_name)
+    model = cn.load_model("smollm2")
+    ev = LMEvaluator(model, task, batch_size=16, spec="smollm2")
+    conds = [((l, h),) for l, h in heads]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        pids = {f.result() for f in [pool.submit(_warm, ev, items) for _ in range(workers)]}
+        assert len(pids) == workers, "a worker was not warmed up"
+        t0 = time.perf_counter()
+        futures = [
+            pool.submit(evaluate_chunk, ev, items, conds[i : i + CHUNK])
+            for i in range(0, len(conds), CHUNK)
+        ]
+        for f in futures:
+            f.result()
+        return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- torch
+
+
+def screen_torch(model, ref, task, items, heads, batch_size=16):
+    """(seconds, {head: [(answer, correct)]}) of the hook + generate sweep."""
+    tok = model.tokenizer
+    rule = stop_rule(task, tok)
+    E = model.config.d_head
+    prompts = [reference_ids_plain(model, it) for it in items]
+    pad = model.pad_id
+
+    class StopText(transformers.StoppingCriteria):
+        def __init__(self, start):
+            self.start = start
+
+        def __call__(self, input_ids, scores, **kwargs):
+            rows = input_ids[:, self.start :].tolist()
+            return torch.tensor([rule.text in tok.decode(r) for r in rows], dtype=torch.bool)
+
+    def generate(chunk):
+        ids, mask = model.pad(chunk)
+        stopping = transformers.StoppingCriteriaList([StopText(ids.shape[1])] if rule.text else [])
+        out = ref.generate(
+            input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
+            max_new_tokens=rule.max_new_tokens, do_sample=False, eos_token_id=sorted(rule.ids),
+            pad_token_id=pad, stopping_criteria=stopping,
+        )  # fmt: skip
+        return [rule.cut_ids(row) for row in out[:, ids.shape[1] :].tolist()]
+
+    results = {}
+    t0 = time.perf_counter()
+    for l, h in heads:
+
+        def pre_hook(module, inputs, h=h):
+            x = inputs[0].clone()
+            x[..., h * E : (h + 1) * E] = 0
+            return (x,)
+
+        handle = ref.model.layers[l].self_attn.o_proj.register_forward_pre_hook(pre_hook)
+        try:
+            with torch.inference_mode():
+                new = [g for i in range(0, len(prompts), batch_size)
+                       for g in generate(prompts[i : i + batch_size])]  # fmt: skip
+        finally:
+            handle.remove()
+        texts = [rule.text_of(tok, ids) for ids in new]
+        results[(l, h)] = [(t, bool(task.is_correct(it, t))) for it, t in zip(items, texts)]
+    return time.perf_counter() - t0, results
+
+
+def reference_ids_plain(model, item):
+    return list(model.tokenizer.encode(item.prompt))
+
+
+# --------------------------------------------------------------------------- FLOP floor
+
+
+def floor_flops(model, items, heads, answers: dict) -> float:
+    """Multiply-adds x 2 that an exact singleton screen of `heads` cannot avoid (docstring)."""
+    c = model.config
+    H, G, E, D, F, V, L = (c.n_heads, c.n_kv_heads, c.d_head, c.d_model, c.d_mlp,
+                           c.vocab_size, c.n_layers)  # fmt: skip
+    n_mlp = 3 if c.family != "gpt2" else 2
+    qkv, kv, wo, mlp = D * (H + 2 * G) * E, D * 2 * G * E, H * E * D, n_mlp * D * F
+    total = 0.0
+    prompt_len = [len(model.tokenizer.encode(it.prompt)) for it in items]
+    for b, T0 in enumerate(prompt_len):  # one intact forward of the panel
+        T = T0 + len(answers[None][b])
+        total += (
+            T * L * (qkv + wo + mlp) + L * H * E * T * (T + 1) + (1 + len(answers[None][b])) * D * V
+        )
+    for l, h in heads:
+        for b, T0 in enumerate(prompt_len):
+            n_out = len(answers[(l, h)][b])
+            T = T0 + n_out  # tokens whose states the answer depends on
+            n_read = 1 + n_out  # positions whose logits give the answer and its stop
+            attn = H * E * T * (T + 1)  # scores and pattern @ v, causal, per layer
+            for layer in range(l, L):
+                if layer == l:  # its attention input is intact: W_O and the MLP
+                    total += (n_read if layer == L - 1 else T) * (wo + mlp)
+                elif layer < L - 1:
+                    total += T * (qkv + wo + mlp) + attn
+                else:  # last layer: K/V everywhere, the rest at the read-out positions
+                    total += T * kv + n_read * (qkv - kv + wo + mlp) + attn * n_read / T
+            total += n_read * D * V
+    return 2.0 * total
+
+
+# --------------------------------------------------------------------------- main
+
+
+def bench_task(model, ref, task_name, D, args, rows):
+    task = get_task(task_name)
+    items, _ = make_panels(task, D, 1, 0)
+    L, H = model.config.n_layers, model.config.n_heads
+    heads = [(l, h) for l in range(L) for h in range(H)]
+    sample = spread(heads, args.sample_heads)
+    tag = f"{task_name} D={D}"
+    print(f"\n== {tag}: {len(sample)} heads sampled of {len(heads)} (load {load()})", flush=True)
+    n = len(sample) * D
+
+    t_ours, ours = screen_ours(model, task, items, sample)
+    print(f"ours {t_ours:.1f} s", flush=True)
+    rows.append(
+        (
+            tag,
+            f"ours, {len(sample)} heads",
+            f"{t_ours:.1f} s",
+            f"{1e3 * t_ours / n:.1f} ms per (condition x item)",
+        )
+    )
+    for name, sw in [("-share_prefix", dict(share_prefix=False)),
+                     ("-intact_drafts", dict(intact_drafts=False)),
+                     ("-forced (prompt pass + decoding)", dict(forced=False))]:  # fmt: skip
+        if name.strip("-").split()[0] not in args.variants:
+            continue
+        t, res = screen_ours(model, task, items, sample, **sw)
+        same = all(
+            [(r.answer, r.correct) for r in res[hd]] == [(r.answer, r.correct) for r in ours[hd]]
+            and np.allclose([r.ref_logprob for r in res[hd]], [r.ref_logprob for r in ours[hd]], atol=1e-3)
+            for hd in sample
+        )  # fmt: skip
+        print(f"ours {name} {t:.1f} s", flush=True)
+        rows.append(
+            (
+                tag,
+                f"ours {name}",
+                f"{t:.1f} s",
+                f"{t / t_ours:.2f}x the time of ours; same results: {same}",
+            )
+        )
+
+    # answers of every sampled head (tokens) for the floor; intact answers for the intact pass
+    tok = model.tokenizer
+    ev = LMEvaluator(model, task, batch_size=16)
+    intact = ev.evaluate_many(items, [()])[0]
+    answers = {None: [tok.encode(r.answer) for r in intact]}
+    for hd in sample:
+        answers[hd] = [tok.encode(r.answer) for r in ours[hd]]
+    peak, shape = gemm_peak(3)
+    floor = floor_flops(model, items, sample, answers) / (peak * 1e9)
+    rows.append(
+        (
+            tag,
+            "FLOP floor (sampled heads)",
+            f"{floor:.1f} s",
+            f"at GEMM peak {peak:.0f} GFLOP/s ({shape}); ours {t_ours / floor:.2f}x floor (target <= 1.7)",
+        )
+    )
+
+    if ref is not None:
+        t_torch, theirs = screen_torch(model, ref, task, items, sample)
+        print(f"torch {t_torch:.1f} s", flush=True)
+        same = all([(r.answer, r.correct) for r in ours[hd]] == theirs[hd] for hd in sample)
+        n_diff = sum(
+            a != (r.answer, r.correct) for hd in sample for a, r in zip(theirs[hd], ours[hd])
+        )
+        rows.append(
+            (
+                tag,
+                "torch hook + generate sweep",
+                f"{t_torch:.1f} s",
+                f"ours {t_torch / t_ours:.2f}x faster (target >= 3); {t_torch / floor:.2f}x floor",
+            )
+        )
+        rows.append(
+            (tag, "verdicts and answers ours == torch", str(same), f"{n_diff} of {n} differ")
+        )
+
+    if args.all_heads:
+        t_all, _ = screen_ours(model, task, items, heads)
+        rows.append(
+            (
+                tag,
+                f"ours, all {len(heads)} heads",
+                f"{t_all:.0f} s",
+                f"{1e3 * t_all / (len(heads) * D):.1f} ms per (condition x item)",
+            )
+        )
+        if ref is not None:
+            rows.append(
+                (
+                    tag,
+                    f"torch, all heads (scaled from {len(sample)})",
+                    f"{t_torch * len(heads) / len(sample):.0f} s",
+                    "",
+                )
+            )
+    rows.append(
+        (
+            tag,
+            "peak RSS so far",
+            f"{rss_mib():.0f} MiB",
+            "this process" + (", torch loaded" if ref is not None else ""),
+        )
+    )
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--tasks", default="capitals")
+    ap.add_argument("--sizes", default="20,50")
+    ap.add_argument("--sample-heads", type=int, default=10)
+    ap.add_argument("--variants", default="share_prefix,intact_drafts,forced")
+    ap.add_argument("--all-heads", action="store_true", help="also screen every head with ours")
+    ap.add_argument(
+        "--workers-heads", type=int, default=32, help="heads for the workers row (0: skip)"
+    )
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args(argv)
+    load_before = load()
+    model = cn.load_model("smollm2")
+    ref = None
+    if torch is not None and not args.no_torch:
+        torch.set_grad_enabled(False)
+        ref = torch_llama_from(model)
+    rows: list = []
+    for task_name in args.tasks.split(","):
+        for D in [int(x) for x in args.sizes.split(",")]:
+            bench_task(model, ref, task_name, D, args, rows)
+    if args.workers_heads:
+        task_name = args.tasks.split(",")[0]
+        items, _ = make_panels(get_task(task_name), 20, 1, 0)
+        heads = [(l, h) for l in range(model.config.n_layers) for h in range(model.config.n_heads)]
+        sample = spread(heads, args.workers_heads)
+        t1 = screen_workers(task_name, items, sample, 1)
+        t2 = screen_workers(task_name, items, sample, 2)
+        tag = f"{task_name} D=20"
+        rows.append(
+            (tag, f"workers: 1 process, 1 BLAS thread, {len(sample)} heads", f"{t1:.1f} s", "")
+        )
+        rows.append(
+            (
+                tag,
+                "workers: 2 processes, 1 BLAS thread each",
+                f"{t2:.1f} s",
+                f"{t1 / t2:.2f}x one worker (target >= 1.7)",
+            )
+        )
+    print(
+        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}"
+        + (f", torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}" if ref is not None else "")
+        + f"; load average (1, 5, 15 min) before {load_before}, after {load()}"
+    )  # fmt: skip
+    w = max(len(r[1]) for r in rows)
+    print(f"\n| workload | {'measure':<{w}} | value | note |\n|---|---|---|---|")
+    for tag, what, val, note in rows:
+        print(f"| {tag} | {what:<{w}} | {val} | {note} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
