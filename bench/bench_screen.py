@@ -10,7 +10,8 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
 
   ours                 `LMEvaluator` fast path with every saving (prefix tree, forced answers
                        verified along the reference and the intact model's answer)
-  ours -<saving>       the same with one saving switched off: share_prefix, intact_drafts
+  ours -<saving>       (at --variant-size only) the same with one saving switched off: intact_cache (the intact pass
+                       redone per call), share_prefix, intact_drafts
                        (reference draft only), forced (prompt pass + KV-cache decoding, the
                        engine before forced answers)
   torch generate       transformers + torch as a user would screen: a forward pre-hook on
@@ -234,10 +235,11 @@ def bench_task(model, ref, task_name, D, args, rows):
             f"{1e3 * t_ours / n:.1f} ms per (condition x item)",
         )
     )
-    for name, sw in [("-share_prefix", dict(share_prefix=False)),
+    for name, sw in [("-intact_cache", dict(intact_cache=False)),
+                     ("-share_prefix", dict(share_prefix=False)),
                      ("-intact_drafts", dict(intact_drafts=False)),
                      ("-forced (prompt pass + decoding)", dict(forced=False))]:  # fmt: skip
-        if name.strip("-").split()[0] not in args.variants:
+        if name.strip("-").split()[0] not in args.variants or D != args.variant_size:
             continue
         t, res = screen_ours(model, task, items, sample, **sw)
         same = all(
@@ -328,7 +330,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default="capitals")
     ap.add_argument("--sizes", default="20,50")
     ap.add_argument("--sample-heads", type=int, default=10)
-    ap.add_argument("--variants", default="share_prefix,intact_drafts,forced")
+    ap.add_argument("--variants", default="intact_cache,share_prefix,intact_drafts,forced")
+    ap.add_argument("--variant-size", type=int, default=20, help="D at which variants run")
     ap.add_argument("--all-heads", action="store_true", help="also screen every head with ours")
     ap.add_argument(
         "--workers-heads", type=int, default=32, help="heads for the workers row (0: skip)"

@@ -97,7 +97,8 @@ class LMEvaluator:
                     evaluation per condition (`evaluate_naive`). Same results either way.
     The fast path's savings can be switched off one by one (same results; for benchmarks):
     share_prefix (a batch's common prompt prefix runs once), forced (greedy tokens verified
-    along draft answers in one forward), intact_drafts (the intact model's answer as a draft).
+    along draft answers in one forward), intact_drafts (the intact model's answer as a draft),
+    intact_cache (a batch's intact pass kept across calls, up to intact_cache_bytes).
     """
 
     def __init__(
@@ -114,6 +115,8 @@ class LMEvaluator:
         share_prefix: bool = True,
         forced: bool = True,
         intact_drafts: bool = True,
+        intact_cache: bool = True,
+        intact_cache_bytes: int = 1 << 30,
     ):
         if ablation not in ("zero", "mean"):
             raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
@@ -128,6 +131,7 @@ class LMEvaluator:
         self.fast = bool(fast)
         self.share_prefix, self.forced = bool(share_prefix), bool(forced)
         self.intact_drafts = bool(intact_drafts) and self.forced
+        self.intact_cache, self.intact_cache_bytes = bool(intact_cache), int(intact_cache_bytes)
         self.n_layers = int(model.config.n_layers)
         self.n_heads = int(model.config.n_heads)
         self.spec = spec
@@ -151,7 +155,7 @@ class LMEvaluator:
                 batch_size=self.batch_size,
                 file_identity=self.file_identity,
                 fast=self.fast,
-                switches=(self.share_prefix, self.forced, self.intact_drafts),
+                switches=(self.share_prefix, self.forced, self.intact_drafts, self.intact_cache),
                 mean_z=self.mean_z,
                 reference_ids=self.reference_ids,
             )
@@ -271,7 +275,7 @@ def _lm_evaluator_from_spec(state: dict) -> LMEvaluator:
         file_identity=state["file_identity"],
         fast=state["fast"],
     )
-    ev.share_prefix, ev.forced, ev.intact_drafts = state["switches"]
+    ev.share_prefix, ev.forced, ev.intact_drafts, ev.intact_cache = state["switches"]
     ev.ablation, ev.mean_z, ev.reference_ids = (
         state["ablation"],
         state["mean_z"],

@@ -8,6 +8,7 @@ rounding -- at a fraction of the cost, through `cel_numpy.models.fast`:
             fixed shots) and batched; per batch one forward over a prefix tree (common prefix ->
             each prompt -> [last prompt token] + each draft answer) under every condition, each
             condition restarting from the intact residual stream at its lowest ablated layer.
+            The intact pass of a batch is kept across calls (`IntactCache`, 1 GiB by default).
             The drafts are the reference answer and the intact model's greedy answer (computed
             once per evaluator and item): the argmax along a draft settles every row whose greedy
             output follows it to a stop; the other rows decode on from where they leave it
@@ -33,7 +34,13 @@ from cel_numpy.localize.scoring import (
     reference_ids,
     stop_rule,
 )
-from cel_numpy.models.fast import Stop, ablated_readout, generate_conditions, prepare
+from cel_numpy.models.fast import (
+    IntactCache,
+    Stop,
+    ablated_readout,
+    generate_conditions,
+    prepare,
+)
 from cel_numpy.tasks.base import Item
 
 
@@ -59,13 +66,20 @@ def _stop(ev) -> Stop:
     return Stop(ids=rule.ids, max_new_tokens=rule.max_new_tokens, is_done=rule.is_done(tok))
 
 
+def _cache(ev) -> IntactCache | None:
+    """The evaluator's intact passes, kept across `evaluate_many` calls (None: switched off)."""
+    if not ev.intact_cache:
+        return None
+    return ev.__dict__.setdefault("_intact_cache", IntactCache(ev.intact_cache_bytes))
+
+
 def _batches(ev, items, refs):
     """Item indices sorted by prompt ids (shared prefixes become neighbours), in batches."""
     order = sorted(range(len(items)), key=lambda i: refs[i][0])
     return [order[i : i + ev.batch_size] for i in range(0, len(order), ev.batch_size)]
 
 
-def _run(ev, items, refs, batch, conds, drafts_of):
+def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True):
     """generate_conditions on one batch: per condition, [(new ids, ref_logprob)] in batch order."""
     prompts = [refs[i][0] for i in batch]
     drafts = [drafts_of(i) for i in batch]  # the reference answer first
@@ -77,6 +91,7 @@ def _run(ev, items, refs, batch, conds, drafts_of):
     new, scores = generate_conditions(
         prepare(ev.model), prompts, conds, ev.mean_z, _stop(ev),
         drafts=drafts, score=score, share_prefix=ev.share_prefix, verify=ev.forced,
+        cache=_cache(ev) if keep_intact else None,
     )  # fmt: skip
     return [list(zip(n, s)) for n, s in zip(new, scores)]
 
@@ -87,7 +102,7 @@ def _intact(ev, items, refs) -> dict[str, tuple[list[int], float]]:
     todo = [i for i, it in enumerate(items) if it.id not in memo]
     for batch in _batches(ev, [items[i] for i in todo], [refs[i] for i in todo]):
         batch = [todo[i] for i in batch]
-        (out,) = _run(ev, items, refs, batch, [()], lambda i: [refs[i][1]])
+        (out,) = _run(ev, items, refs, batch, [()], lambda i: [refs[i][1]], keep_intact=False)
         for i, res in zip(batch, out):
             memo[items[i].id] = res
     return memo
@@ -154,7 +169,7 @@ def _choice(ev, items, conds):
 
             logits = ablated_readout(
                 prep, ids, mask, conds, ev.mean_z, readout=slice(-1, None), reduce=reduce,
-                share_prefix=ev.share_prefix,
+                share_prefix=ev.share_prefix, cache=_cache(ev),
             )  # fmt: skip
             for k, per_item in enumerate(logits):
                 for b, logp in enumerate(per_item):
@@ -180,7 +195,7 @@ def _choice(ev, items, conds):
 
             logits = ablated_readout(
                 prep, ids, mask, conds, ev.mean_z, readout=slice(-n, None), reduce=reduce,
-                share_prefix=ev.share_prefix,
+                share_prefix=ev.share_prefix, cache=_cache(ev),
             )  # fmt: skip
             for k, logps in enumerate(logits):
                 for (i, j, _, _), lp in zip(chunk, logps):

@@ -484,6 +484,48 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
     return IntactTree(segments, resid_pre, zs, kvs, resid_final=xs[0], readout=readout)
 
 
+class IntactCache:
+    """Intact passes kept across calls, keyed by the tree's tokens (least recently used dropped).
+
+    A screen asks for a panel's conditions a few at a time; each call over the same items would
+    otherwise redo the intact pass. Bounded: at most `max_bytes` of kept activations.
+    """
+
+    def __init__(self, max_bytes: int = 1 << 30):
+        self.max_bytes = int(max_bytes)
+        self._trees: dict[bytes, tuple[IntactTree, int]] = {}
+
+    @staticmethod
+    def key(segments: list[Segment], readout: slice) -> bytes:
+        parts = [repr(readout).encode()]
+        for seg in segments:
+            parts += [seg.ids.tobytes(), seg.valid.tobytes(), str(seg.ids.shape).encode()]
+            parts += [a.tobytes() for a in seg.lineage]
+        return b"|".join(parts)
+
+    def get(self, prep: Prepared, segments: list[Segment], readout: slice) -> IntactTree:
+        key = self.key(segments, readout)
+        if key in self._trees:
+            self._trees[key] = self._trees.pop(key)  # most recently used last
+            return self._trees[key][0]
+        intact = intact_tree(prep, segments, readout)
+        size = sum(a.nbytes for layer in intact.resid_pre + intact.z for a in layer)
+        size += sum(k.nbytes + v.nbytes for layer in intact.kv for k, v in layer)
+        while self._trees and sum(n for _, n in self._trees.values()) + size > self.max_bytes:
+            self._trees.pop(next(iter(self._trees)))
+        if size <= self.max_bytes:
+            self._trees[key] = (intact, size)
+        return intact
+
+
+def _intact(prep, segments, readout, cache: IntactCache | None) -> IntactTree:
+    return (
+        intact_tree(prep, segments, readout)
+        if cache is None
+        else cache.get(prep, segments, readout)
+    )
+
+
 def _keep_rows(keys: Sequence[Condition], layer: int, H: int, dtype) -> np.ndarray | None:
     """(n_keys, H) 0/1: which heads of `layer` each key ablates; None if none does."""
     keep = np.ones((len(keys), H), dtype)
@@ -581,6 +623,7 @@ def ablated_readout(
     max_rows: int = 4096,
     reduce: Callable[[np.ndarray], object] | None = None,
     share_prefix: bool = True,
+    cache: IntactCache | None = None,
 ) -> list:
     """Logits (B, T', V or C) at the `readout` positions for each condition (in the given order).
 
@@ -588,7 +631,7 @@ def ablated_readout(
     leaves every row its read-out positions) runs once per condition as its own segment.
     Conditions run in sorted waves of at most `max_rows` token rows; `reduce` (e.g. an argmax)
     is applied to each condition's logits as its wave finishes, so full-vocabulary logits of
-    hundreds of conditions are never held at once.
+    hundreds of conditions are never held at once. `cache` keeps the intact pass across calls.
     """
     ids, valid = np.asarray(ids), np.asarray(attention_mask).astype(bool)
     B, T = ids.shape
@@ -606,7 +649,7 @@ def ablated_readout(
         segments = tree(prep, [(ids, valid, None)])
     last = segments[-1].ids.shape[1]
     read = slice(last - n_read, None)
-    intact = intact_tree(prep, segments, read)
+    intact = _intact(prep, segments, read, cache)
     per_wave = max(1, max_rows // max(1, _tokens(segments)))
     logits: dict[Condition, object] = {}
     for wave in _waves([tuple(sorted(c)) for c in conds], per_wave):
@@ -743,6 +786,7 @@ def generate_conditions(
     share_prefix: bool = True,
     verify: bool = True,
     max_rows: int = 8192,
+    cache: IntactCache | None = None,
 ) -> tuple[list[list[list[int]]], list]:
     """Greedy continuations of every prompt under every condition, and a score of the drafts.
 
@@ -756,7 +800,8 @@ def generate_conditions(
     logits (C, n, V), right-aligned (row c's last logit predicts the token after its draft),
     go to `score`; c runs over the drafts in order (prompt 0's, then prompt 1's, ...).
     verify=False takes only the first greedy token from the forward and decodes the rest (the
-    plain prompt pass + KV-cache decoding, for measuring what the drafts save).
+    plain prompt pass + KV-cache decoding, for measuring what the drafts save). `cache` keeps
+    the intact pass across calls on the same prompts and drafts.
     """
     B = len(prompts)
     drafts = [list(d) if d else [[]] for d in (drafts or [[[]]] * B)]
@@ -770,7 +815,7 @@ def generate_conditions(
         levels = [(*left_pad([heads[0][:P]]), None), (*levels[0][:2], [0] * B), levels[1]]
     segments = tree(prep, levels)
     n_read = segments[-1].ids.shape[1]
-    intact = intact_tree(prep, segments, slice(None))
+    intact = _intact(prep, segments, slice(None), cache)
     conds = [tuple(sorted(c)) for c in conds]
     per_wave = max(1, max_rows // max(1, _tokens(segments)))
     results: dict[Condition, list[list[int]]] = {}
