@@ -302,7 +302,7 @@ def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     from cel_numpy.tasks import get_task
 
     task = get_task(task_name)
-    items, _ = make_panels(task, 6, 1, 0)
+    items, _ = make_panels(task, 5, 1, 0)
     conds = [(), ((0, 3),), ((29, 1),), ((2, 1), (25, 0))]
     fast = LMEvaluator(smollm2, task, batch_size=4).evaluate_many(items, conds)
     naive = LMEvaluator(smollm2, task, batch_size=4, fast=False).evaluate_many(items, conds)

@@ -168,3 +168,27 @@ def test_exact_screen_equals_plain_forwards(scoring):
     for layer, head in [(0, 0), (1, 2), (2, 3)]:
         plain = panel_metric(ev, items, ablate=[(layer, head)]) - panel_metric(ev, items)
         assert change[layer, head] == pytest.approx(plain, abs=1e-10)
+
+
+def test_a_long_screen_says_so_after_its_first_block(monkeypatch):
+    """The estimate from the first block, and the hint, only when the estimate is long."""
+    import io
+
+    from cel_numpy.localize import progress
+    from cel_numpy.localize.routine import SLOW_HINTS
+
+    clock = iter([0.0, 10.0, 10.0, 20.0, 20.0, 30.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    bar = progress.Progress("screen", 270, stream=out, slow_hint=SLOW_HINTS["screen-exact"])
+    bar.update(8)  # 8 of 270 in 10 s: about 5.6 minutes in all
+    first = out.getvalue().splitlines()[0]
+    assert first.startswith("screen     about 05:38 in all") and "--screen gradient" in first
+    assert "--workers" in first
+    bar.update(8)
+    assert sum("--screen gradient" in line for line in out.getvalue().splitlines()) == 1
+    quick = io.StringIO()
+    clock = iter([0.0, 1.0, 1.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    progress.Progress("screen", 100, stream=quick, slow_hint="hint").update(10)  # ~10 s in all
+    assert "hint" not in quick.getvalue()

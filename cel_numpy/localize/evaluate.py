@@ -140,7 +140,7 @@ class LMEvaluator:
         self.reference_ids: list[str] = []
         if ablation == "mean":
             self.mean_z = model.mean_z(
-                [self._encode(it.prompt) for it in reference_items]
+                [self.prompt_ids(it.prompt) for it in reference_items]
             )  # (L, H, E)
             self.reference_ids = [it.id for it in reference_items]
 
@@ -184,6 +184,10 @@ class LMEvaluator:
 
     def _encode(self, text: str) -> list[int]:
         return list(self.model.tokenizer.encode(text))  # adds BOS iff the tokenizer says so
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """Token ids of an item's prompt as the model reads it (what generation continues)."""
+        return self._encode(prompt)
 
     def _ablate_kwargs(self, cond: Condition) -> dict:
         return {"ablate": list(cond), "ablation": self.ablation, "mean_z": self.mean_z}
@@ -233,7 +237,7 @@ class LMEvaluator:
         prefix with the prompt's own encoding. At least one token is always scored.
         """
         full = self._encode(prompt + choice)
-        alone = self._encode(prompt)
+        alone = self.prompt_ids(prompt)
         n = 0
         while n < min(len(full), len(alone)) and full[n] == alone[n]:
             n += 1

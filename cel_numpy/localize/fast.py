@@ -143,7 +143,7 @@ def _single_token_choices(ev, items):
     for it in items:
         if not it.choices:
             raise ValueError(f"choice task item {it.id} has no choices")
-        alone = ev._encode(it.prompt)
+        alone = ev.prompt_ids(it.prompt)
         toks = []
         for ch in it.choices:
             full, start = ev.continuation_ids(it.prompt, ch)

@@ -13,8 +13,9 @@ one way, here, so "fast equals naive" has one less place to disagree:
     next_token_log_softmax(logits (V,))       -> log p of every one-token continuation
 
 Greedy generation stops by a `StopRule` taken from the task and the tokenizer (never hard-coded):
-a stop token ends it (excluded from the text), the task's `stop_text` (default a newline) cuts
-the text at its first occurrence, and `max_new_tokens` caps it.
+a stop token ends it (excluded from the text), a stop text (a newline, for tasks that declare
+`stop = "newline"`, the default) cuts the text at its first occurrence, and `max_new_tokens`
+caps it.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ def reference_ids(ev, item: Item) -> tuple[list[int], list[int]]:
     """
     tok = ev.model.tokenizer
     text = answer_text(item, getattr(ev.task, "answer_separator", " "))
-    prompt = ev._encode(item.prompt)
-    full = ev._encode(item.prompt + text)
+    prompt = ev.prompt_ids(item.prompt)
+    full, _ = ev.continuation_ids(item.prompt, text)
     if full[: len(prompt)] == prompt and len(full) > len(prompt):
         return prompt, full[len(prompt) :]
     alone = ev._encode(text)
@@ -124,20 +125,30 @@ class StopRule:
         return lambda ids: self.text in tokenizer.decode(list(ids))
 
 
+STOPS = ("newline", "end_of_turn")
+
+
 def stop_rule(task, tokenizer) -> StopRule:
-    """The task's stop rule: `task.stop_text` (default "\\n"; None = none), `task.stop_tokens`
-    (token strings such as "<|im_end|>", those in the vocabulary), and the tokenizer's eos_id."""
-    ids = set()
+    """The task's declared stop (`task.stop`, default "newline") with the tokenizer's stop ids.
+
+    "newline": at eos, and the text is cut at (generation may stop once it has) a newline.
+    "end_of_turn": at one of the tokenizer's `stop_ids` (a chat model's end-of-turn and
+    end-of-text tokens); newlines are part of the answer.
+    """
+    stop = getattr(task, "stop", "newline")
+    if stop not in STOPS:
+        raise ValueError(f"task {task.name!r} declares stop={stop!r}; known: {', '.join(STOPS)}")
+    if stop == "end_of_turn":
+        ids = frozenset(int(i) for i in getattr(tokenizer, "stop_ids", ()))
+        if not ids:
+            raise ValueError(
+                f"task {task.name!r} stops at the end of the model's turn, but the tokenizer "
+                "declares no end-of-turn or end-of-text token"
+            )
+        return StopRule(ids=ids, text=None, max_new_tokens=int(task.max_new_tokens))
     eos = getattr(tokenizer, "eos_id", None)
-    if eos is not None:
-        ids.add(int(eos))
-    for name in getattr(task, "stop_tokens", ()):
-        try:
-            ids.add(int(tokenizer.token_to_id(name)))
-        except (KeyError, ValueError):
-            pass  # a token this vocabulary does not have cannot be generated
     return StopRule(
-        ids=frozenset(ids),
-        text=getattr(task, "stop_text", "\n"),
+        ids=frozenset() if eos is None else frozenset({int(eos)}),
+        text="\n",
         max_new_tokens=int(task.max_new_tokens),
     )

@@ -80,6 +80,7 @@ class Prepared:
     params: dict  # the model's own params (embedding, final norm, unembedding are used as they are)
     layers: list[LayerWeights]
     dtype: np.dtype
+    padding_ids: np.ndarray  # (n,) vocabulary rows that are no token: never a greedy choice
 
 
 def _cat_bias(parts: Sequence[np.ndarray | None], sizes: Sequence[int], dtype) -> np.ndarray | None:
@@ -121,9 +122,11 @@ def prepare(model) -> Prepared:
     if prep is None or prep.params is not model.params:
         dtype = model.params["embed"]["W_E"].dtype
         layers = [_prepare_layer(p, model.config, dtype) for p in model.params["blocks"]]
+        padding = np.asarray(getattr(model, "padding_ids", ()), np.int64)  # (n,)
         prep = Prepared(
-            config=model.config, params=model.params, layers=layers, dtype=np.dtype(dtype)
-        )
+            config=model.config, params=model.params, layers=layers, dtype=np.dtype(dtype),
+            padding_ids=padding,
+        )  # fmt: skip
         _PREPARED[model] = prep
     return prep
 
@@ -296,6 +299,18 @@ def _unembed(prep: Prepared, x: np.ndarray, columns: np.ndarray | None) -> np.nd
     if b_U is not None:
         out += b_U
     return out.reshape(*x.shape[:-1], -1)
+
+
+def _greedy(prep: Prepared, logits: np.ndarray) -> np.ndarray:
+    """argmax over the vocabulary (..., V) -> (...), never a padding row of the embedding.
+
+    The logits must be finite (`ops.finite_argmax`: NonFiniteError otherwise)."""
+    best = finite_argmax(logits)
+    if not prep.padding_ids.size:
+        return best
+    logits = logits.copy()
+    logits[..., prep.padding_ids] = -np.inf
+    return logits.argmax(-1)
 
 
 def _embed(prep: Prepared, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -746,7 +761,7 @@ def _decode_step(
         keep_j = None if keep[:, j].all() else keep[:, j]
         x = _block_rest(lw, x, z, keep_j, None if fill is None else fill[j], config)
     cache.slot += 1
-    return finite_argmax(_unembed(prep, x[:, -1], None))  # (r,)
+    return _greedy(prep, _unembed(prep, x[:, -1], None))  # (r,)
 
 
 def _decode_cache(prep, segments, kv, resumes, draft_len, max_new) -> DecodeCache:
@@ -826,7 +841,7 @@ def generate_conditions(
         for i, c in enumerate(wave):
             logits = _unembed(prep, final[c], None)  # (C, n, V)
             scored[c] = None if score is None else score(logits)
-            greedy = finite_argmax(logits)  # (C, n)
+            greedy = _greedy(prep, logits)  # (C, n)
             results[c] = []
             for b in range(B):
                 new, resume = _verify(b, i, parent, cont, draft_len, greedy, n_read, stop, verify)
