@@ -289,11 +289,11 @@ def test_smollm2_other_tokenizations_of_the_answer(smollm2):
     )
     spellings = [[m.encode(" Rome"), [m.encode(" Ro")[0], m.encode("me")[0]], m.encode(" Rome, Paris")],
                  [m.encode(" Paris"), m.encode(" Par") + m.encode("is"), m.encode(" Lyon")]]  # fmt: skip
-    conds = [(), ((0, 0),), ((14, 4),), ((29, 8),)]
+    conds = [(), ((0, 0),), ((29, 8),)]
+    truth = [_greedy(m, prompts, cond, stop) for cond in conds]
     for drafts in ([[s[0]] for s in spellings], [[s[1]] for s in spellings], spellings):
         got, _ = generate_conditions(prepare(m), prompts, conds, None, stop, drafts=drafts)
-        for cond, new in zip(conds, got):
-            assert new == _greedy(m, prompts, cond, stop), cond
+        assert got == truth
     assert [m.decode(ids) for ids in got[0]] == [" Rome\n", " Paris\n"]
 
 
@@ -302,8 +302,8 @@ def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     from cel_numpy.tasks import get_task
 
     task = get_task(task_name)
-    items, _ = make_panels(task, 5, 1, 0)
-    conds = [(), ((0, 3),), ((29, 1),), ((2, 1), (25, 0))]
+    items, _ = make_panels(task, 4, 1, 0)
+    conds = [(), ((0, 3),), ((2, 1), (25, 0))]
     fast = LMEvaluator(smollm2, task, batch_size=4).evaluate_many(items, conds)
     naive = LMEvaluator(smollm2, task, batch_size=4, fast=False).evaluate_many(items, conds)
     assert_same_results(fast, naive, atol=2e-2)
