@@ -312,3 +312,59 @@ def test_a_panel_line_of_the_wrong_shape_is_one_line(tmp_path, line):
     status, err = run_cli(localize_argv(params, out, "--stage", "baseline"))
     assert status == 2
     assert err == f"cel-numpy localize: error: {panel}:3: malformed panel line; use a fresh --out\n"
+
+
+def test_an_inf_in_a_gguf_weight_is_one_line_without_numpy_warnings(tmp_path):
+    """Through a real process (where NumPy's RuntimeWarnings would reach stderr): an Inf stored
+    in a GGUF weight is refused at load in exactly one line naming the tensor."""
+    import os
+    import subprocess
+    import sys
+
+    import gguf
+    from helpers import all_f32, write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, all_f32)
+    tensor = next(t for t in gguf.GGUFReader(path).tensors if t.name == "blk.1.attn_norm.weight")
+    data = bytearray(path.read_bytes())
+    data[tensor.data_offset : tensor.data_offset + 4] = np.float32(np.inf).tobytes()
+    path.write_bytes(bytes(data))
+    proc = subprocess.run(
+        [sys.executable, "-m", "cel_numpy.cli", "generate", "--model", str(path), "hi"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"cel-numpy generate: error: {path}: tensor blk.1.attn_norm.weight holds 1 non-finite "
+        "values (NaN or Inf) of 32; the file is damaged: download it again"
+    ], proc.stderr
+
+
+def test_overflowing_logits_are_one_line_without_numpy_warnings(tmp_path):
+    """Finite weights whose forward overflows float32, in a real process: NumPy's overflow
+    RuntimeWarnings do not reach stderr; the one line says what happened."""
+    import os
+    import subprocess
+    import sys
+
+    from test_bad_input import rewrite_safetensors
+
+    folder = rewrite_safetensors(
+        tiny_lm(tmp_path),
+        lambda w: w.update({"transformer.ln_f.weight": w["transformer.ln_f.weight"] * 1e38}),
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "cel_numpy.cli", "generate", "--model", str(folder), "hello"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "cel-numpy generate: error: the model produced non-finite logits (NaN or Inf), which are "
+        "never scored: its weights overflow in this dtype (try float64) or the model file is "
+        "damaged"
+    ], proc.stderr
