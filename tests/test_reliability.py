@@ -350,7 +350,7 @@ def test_overflowing_logits_are_one_line_without_numpy_warnings(tmp_path):
     import subprocess
     import sys
 
-    from test_bad_input import rewrite_safetensors
+    from helpers import rewrite_safetensors
 
     folder = rewrite_safetensors(
         tiny_lm(tmp_path),
