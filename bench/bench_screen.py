@@ -337,13 +337,14 @@ def main(argv=None) -> int:
         ref = torch_llama_from(model)
     rows: list = []
     for task_name in args.tasks.split(","):
-        for D in [int(x) for x in args.sizes.split(",")]:
+        for D in [int(x) for x in args.sizes.split(",") if x]:
             bench_task(model, ref, task_name, D, args, rows)
     if args.workers_heads:
         task_name = args.tasks.split(",")[0]
         items, _ = make_panels(get_task(task_name), 20, 1, 0)
         heads = [(l, h) for l in range(model.config.n_layers) for h in range(model.config.n_heads)]
         sample = spread(heads, args.workers_heads)
+        sample = sample[0::2] + sample[1::2]  # chunks of 8 mixing low and high layers (balanced)
         t1 = screen_workers(task_name, items, sample, 1)
         t2 = screen_workers(task_name, items, sample, 2)
         tag = f"{task_name} D=20"
