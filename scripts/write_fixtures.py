@@ -11,9 +11,10 @@ Deterministic: every random draw comes after torch.manual_seed(seed of that mode
 torch 2.13.0, transformers 5.24.0, tokenizers 0.23.3.
 
 Outputs:
-  tiny_gpt2/, tiny_llama/, tiny_llama_tied/
+  tiny_gpt2/, tiny_llama/, tiny_llama_tied/, tiny_qwen2/
       Hugging Face folders (config.json, generation_config.json, model.safetensors; float32) of
-      randomly initialised GPT2LMHeadModel / LlamaForCausalLM. Weights are drawn wider than the
+      randomly initialised GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM (Q/K/V biases,
+      4 query heads over 2 kv heads, rope base 1e6, untied unembedding). Weights are drawn wider than the
       default init (matrices N(0, 0.2^2), norm gains 1 + 0.1 N, biases 0.1 N) so the logits are
       far from zero and a wrong forward cannot pass by accident.
   <name>_reference.npz, float64 outputs of the saved float32 weights cast to float64:
@@ -81,8 +82,16 @@ import tokenizers
 import torch
 import transformers
 from tokenizers import ByteLevelBPETokenizer
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from transformers.models.llama import modeling_llama
+from transformers.models.qwen2 import modeling_qwen2
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -152,11 +161,29 @@ def llama_tied_config() -> LlamaConfig:
     )
 
 
+def qwen2_config() -> Qwen2Config:
+    """Qwen2's distinguishing pieces at toy size: Q/K/V biases, GQA, rope base 1e6, untied."""
+    return Qwen2Config(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=48,
+        vocab_size=VOCAB,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        max_position_embeddings=64,
+        use_sliding_window=False,
+    )
+
+
 MODELS = {
     # name: (model class, config factory, seed, o_proj attribute path inside one layer)
     "tiny_gpt2": (GPT2LMHeadModel, gpt2_config, 0, "attn.c_proj"),
     "tiny_llama": (LlamaForCausalLM, llama_config, 1, "self_attn.o_proj"),
     "tiny_llama_tied": (LlamaForCausalLM, llama_tied_config, 2, "self_attn.o_proj"),
+    "tiny_qwen2": (Qwen2ForCausalLM, qwen2_config, 3, "self_attn.o_proj"),
 }
 
 
@@ -180,7 +207,12 @@ def heads_and_dhead(model) -> tuple:
     cfg = model.config
     if cfg.model_type == "gpt2":
         return cfg.n_head, cfg.n_embd // cfg.n_head
-    return cfg.num_attention_heads, cfg.head_dim
+    return cfg.num_attention_heads, _head_dim(cfg)
+
+
+def _head_dim(cfg) -> int:
+    """Llama configs carry head_dim; Qwen2's derives it from hidden_size / heads."""
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
 # ---------------------------------------------------------------- float64 Llama numerics
@@ -196,7 +228,7 @@ def _rotary_forward_float64(self, x, position_ids):
     """LlamaRotaryEmbedding with inv_freq and angles in float64 (HF: float32)."""
     assert self.rope_type == "default", f"only default rope is patched, got {self.rope_type}"
     base = self.config.rope_parameters["rope_theta"]
-    dim = self.config.head_dim
+    dim = _head_dim(self.config)
     inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))  # (E/2,)
     freqs = position_ids[..., None].to(torch.float64) * inv_freq  # (B,T,E/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (B,T,E)
@@ -223,8 +255,19 @@ def llama_float64_numerics():
         mock.patch.object(modeling_llama.LlamaRMSNorm, "forward", _rmsnorm_forward_same_dtype),
         mock.patch.object(modeling_llama.LlamaRotaryEmbedding, "forward", _rotary_forward_float64),
         mock.patch.object(modeling_llama, "eager_attention_forward", _eager_attention_same_dtype),
+        # Qwen2 has its own copies of the same three pieces (same maths, same float32 casts).
+        mock.patch.object(modeling_qwen2.Qwen2RMSNorm, "forward", _rmsnorm_forward_same_dtype),
+        mock.patch.object(modeling_qwen2.Qwen2RotaryEmbedding, "forward", _rotary_forward_float64),
+        mock.patch.object(modeling_qwen2, "eager_attention_forward", _eager_attention_same_dtype),
     ):
         yield
+
+
+def float64_numerics(model):
+    """The float64 patches for the Llama-like families; GPT-2 needs none."""
+    if model.config.model_type in ("llama", "qwen2"):
+        return llama_float64_numerics()
+    return contextlib.nullcontext()
 
 
 # ---------------------------------------------------------------- running and ablating
@@ -317,9 +360,7 @@ def write_model_fixture(name: str) -> None:
     stock = model_cls.from_pretrained(folder, dtype=torch.float32).eval()
     logits_stock32 = run(stock, ids, mask, pos)
 
-    numerics = (
-        llama_float64_numerics() if model.config.model_type == "llama" else contextlib.nullcontext()
-    )
+    numerics = float64_numerics(model)
     ref = model_cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
     ref = ref.double()
     with numerics:
@@ -432,9 +473,7 @@ def write_gradient_fixture(name: str) -> None:
     head_mask = torch.ones(L, H, dtype=torch.float64)
     head_mask[ABLATE_LAYER, ABLATE_HEAD] = 0.5
     head_mask.requires_grad_(True)
-    numerics = (
-        llama_float64_numerics() if model.config.model_type == "llama" else contextlib.nullcontext()
-    )
+    numerics = float64_numerics(model)
     with numerics, scale_heads(model, o_proj_path, head_mask):
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
         logp = torch.log_softmax(logits, dim=-1)  # (B, T, V)
@@ -702,8 +741,9 @@ def main(argv: list) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["grads"],
-        help="grads: rewrite only <name>_grads.npz from the committed model folders",
+        choices=["grads", "qwen2"],
+        help="grads: rewrite only <name>_grads.npz from the committed model folders; "
+        "qwen2: write only tiny_qwen2/ and its reference and gradient files",
     )
     args = parser.parse_args(argv)
     print(
@@ -714,6 +754,11 @@ def main(argv: list) -> None:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
 
+    if args.only == "qwen2":
+        write_model_fixture("tiny_qwen2")
+        write_gradient_fixture("tiny_qwen2")
+        check_sizes()
+        return
     if args.only == "grads":
         for name in MODELS:
             write_gradient_fixture(name)

@@ -17,7 +17,7 @@ from cel_numpy import attention as at
 from cel_numpy.models.transformer import flatten_params
 
 FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures"
-MODELS = ["tiny_gpt2", "tiny_llama", "tiny_llama_tied"]
+MODELS = ["tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2"]
 
 
 def _batch(model, rng):

@@ -518,7 +518,7 @@ CASES = [
         ],
         r"tiny\.gguf: unreadable GGUF file \(IndexError: the header runs past the end of the file\); the file may be "
         r"truncated or damaged: delete it and download it "
-        r"again \(cel-numpy fetch smollm2\)",
+        r"again \(cel-numpy fetch NAME, for a known model\)",
     ),
     Case(
         "gguf-truncated-data",
@@ -552,7 +552,7 @@ CASES = [
         "gguf-architecture",
         "a GGUF file of an unsupported architecture (falcon)",
         lambda t: ["inspect", "--model", str(gguf_of_arch(t, "falcon"))],
-        r"falcon\.gguf: GGUF architecture 'falcon' is not supported; supported: llama",
+        r"falcon\.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2 \(use a GGUF",
     ),
     Case(
         "npz-not-zip",
@@ -598,13 +598,13 @@ CASES = [
         "unknown-model",
         "a model name that is neither known nor a path",
         lambda t: ["inspect", "--model", "llama-7b"],
-        r"model 'llama-7b' not found: give a known name \(smollm2\), a Hugging Face folder, a \.gguf or a \.npz file",
+        r"model 'llama-7b' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b\), a Hugging Face folder, a \.gguf or a \.npz file",
     ),
     Case(
         "fetch-unknown",
         "fetching an unknown name",
         lambda t: ["fetch", "llama-7b"],
-        r"unknown name 'llama-7b'; known names: gpt2-tokenizer, smollm2",
+        r"unknown name 'llama-7b'; known names: gpt2-tokenizer, qwen2.5-coder-0.5b, smollm2",
     ),
     # ------------------------------------------------------------------ prompts
     Case(
@@ -716,7 +716,7 @@ CASES = [
         "unknown-localize-model",
         "localize --model gpt-2 (not a known name or a path)",
         lambda t: _localize("gpt-2", t / "run", "--task", "ioi"),
-        r"--model 'gpt-2' not found: give a known name \(smollm2, theory, theory:PATH/params\.npz\), a Hugging Face "
+        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, theory, theory:PATH/params\.npz\), a Hugging Face "
         r"folder, a \.gguf or a \.npz file",
     ),
     Case(

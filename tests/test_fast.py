@@ -22,7 +22,9 @@ from cel_numpy.models.fast import Stop, ablated_readout, forward, generate_condi
 from cel_numpy.tasks import TASKS, make_panels
 
 HERE = Path(__file__).parent
-FIXTURES = [HERE / "fixtures" / name for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied")]
+FIXTURES = [
+    HERE / "fixtures" / name for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2")
+]
 ATOL = 1e-4
 
 

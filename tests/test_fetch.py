@@ -137,7 +137,9 @@ def test_unknown_name_lists_known_names():
     with pytest.raises(FetchError) as info:
         fetch("gpt-5")
     message = str(info.value)
-    assert message == "unknown name 'gpt-5'; known names: gpt2-tokenizer, smollm2", message
+    assert message == (
+        "unknown name 'gpt-5'; known names: gpt2-tokenizer, qwen2.5-coder-0.5b, smollm2"
+    ), message
 
 
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):

@@ -211,7 +211,7 @@ def test_chunked_dequantization_equals_whole_tensor(tmp_path, monkeypatch):
 def test_unknown_gguf_architecture(tmp_path):
     path = gguf_of_arch(tmp_path, "falcon")
     with pytest.raises(
-        UserError, match=r"GGUF architecture 'falcon' is not supported; supported: llama"
+        UserError, match=r"GGUF architecture 'falcon' is not supported; supported: llama, qwen2"
     ):
         cn.load_model(path)
 

@@ -346,7 +346,7 @@ def test_unsupported_model_type_is_a_clear_error(tmp_path):
             "unsupported pre_tokenizer type 'Whitespace'",
         ),
         ("pre_tokenizer", None, "no ByteLevel step"),
-        ("normalizer", {"type": "NFC"}, "unsupported normalizer type 'NFC'"),
+        ("normalizer", {"type": "Lowercase"}, "unsupported normalizer type 'Lowercase'"),
     ],
 )
 def test_unsupported_pipeline_parts_are_clear_errors(gpt2_files, tmp_path, section, spec, message):
@@ -364,7 +364,7 @@ def test_unsupported_pipeline_parts_are_clear_errors(gpt2_files, tmp_path, secti
     "model, pre, message",
     [
         ("llama", "default", "tokenizer.ggml.model is 'llama'; only 'gpt2'"),
-        ("gpt2", "qwen2", "tokenizer.ggml.pre 'qwen2' is not supported"),
+        ("gpt2", "deepseek-llm", "tokenizer.ggml.pre 'deepseek-llm' is not supported"),
     ],
 )
 def test_gguf_unsupported_tokenizer_is_a_clear_error(tmp_path, model, pre, message):

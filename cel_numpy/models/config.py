@@ -1,10 +1,14 @@
-"""ModelConfig: the few numbers that decide the shape of a GPT-2 or Llama transformer.
+"""ModelConfig: the few numbers that decide the shape of a GPT-2, Llama or Qwen2 transformer.
 
 One frozen dataclass drives the one forward in `transformer.py`. The two families differ in:
 
     family   norm       positions           MLP                  attention       unembedding
     gpt2     LayerNorm  learned W_pos       GELU-tanh, biases    H heads, biases  tied to W_E
     llama    RMSNorm    rotary (half-split) SwiGLU (W_gate)      G <= H kv-heads  tied or not
+
+Qwen2 is the llama family with biases on the query, key and value projections (none on the
+output projection): `qkv_bias=True`, `arch="qwen2"`. Everything else (RMSNorm, rotate-half
+rotary, SwiGLU, grouped-query attention) is Llama's.
 
 Constructors read the configuration of a Hugging Face folder (`from_hf_config`) and the
 dictionary that `to_dict` writes (the `.npz` export's `config_json`). GGUF metadata is read in
@@ -14,12 +18,12 @@ dictionary that `to_dict` writes (the `.npz` export's `config_json`). GGUF metad
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from cel_numpy.errors import ConfigError
 
 FAMILIES = ("gpt2", "llama")
-HF_ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama"}  # config.json "model_type" -> family
+HF_ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama", "qwen2": "llama"}  # model_type -> family
 
 
 def _required(hf: dict, key: str):
@@ -60,8 +64,10 @@ class ModelConfig:
     rope_base: float = 10000.0  # llama only
     tied_embeddings: bool = True  # W_U = W_E^T
     attn_bias: bool = False  # b_Q, b_K, b_V, b_O present
+    qkv_bias: bool = False  # b_Q, b_K, b_V present, no b_O (Qwen2)
     mlp_bias: bool = False  # b_in, b_out (and b_gate) present
     name: str = ""  # free text: where the config came from
+    arch: str = ""  # architecture label for display ("qwen2"); the family decides the maths
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -125,6 +131,7 @@ class ModelConfig:
             self.n_kv_heads,
         )
         attn = D * E * (2 * H + 2 * G) + (E * (H + 2 * G) + D if self.attn_bias else 0)
+        attn += E * (H + 2 * G) if self.qkv_bias and not self.attn_bias else 0
         n_mats = 3 if self.family == "llama" else 2
         mlp = n_mats * D * F + ((n_mats - 1) * F + D if self.mlp_bias else 0)
         norms = 2 * D if self.family == "llama" else 4 * D
@@ -164,6 +171,8 @@ class ModelConfig:
             )
         if model_type == "gpt2":
             return _gpt2_from_hf(hf, name)
+        if model_type == "qwen2":
+            return _qwen2_from_hf(hf, name)
         return _llama_from_hf(hf, name)
 
 
@@ -191,6 +200,7 @@ def _gpt2_from_hf(hf: dict, name: str) -> ModelConfig:
         attn_bias=True,
         mlp_bias=True,
         name=name,
+        arch="gpt2",
     )
 
 
@@ -224,4 +234,13 @@ def _llama_from_hf(hf: dict, name: str) -> ModelConfig:
         attn_bias=bool(hf.get("attention_bias", False)),
         mlp_bias=bool(hf.get("mlp_bias", False)),
         name=name,
+        arch="llama",
     )
+
+
+def _qwen2_from_hf(hf: dict, name: str) -> ModelConfig:
+    """Qwen2ForCausalLM: Llama's config keys, biased Q/K/V, optional sliding window (refused)."""
+    if hf.get("use_sliding_window"):
+        raise ConfigError("qwen2 sliding-window attention is not supported (use_sliding_window)")
+    llama = _llama_from_hf({**hf, "attention_bias": False, "mlp_bias": False}, name)
+    return replace(llama, qkv_bias=True, arch="qwen2")

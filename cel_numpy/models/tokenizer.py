@@ -8,7 +8,11 @@ Encoding, in order:
 4. apply BPE merges (lowest rank first) within the piece; pieces are cached per tokenizer.
 
 Decoding maps ids back to bytes and decodes UTF-8, so decode(encode(s)) == s for any string
-(unless a prefix space is added by a tokenizer.json ByteLevel(add_prefix_space=True)).
+(unless a prefix space is added by a tokenizer.json ByteLevel(add_prefix_space=True), or the
+tokenizer normalizes text first: Qwen2's NFC gives decode(encode(s)) == NFC(s)).
+
+Qwen2 differs from GPT-2 in its pre-tokenizer (`QWEN2_PATTERN`: every digit is its own piece, a
+word may take one leading punctuation character) and in normalizing text to NFC first.
 
 Constructors: BPETokenizer.from_gpt2_files, .from_vocab_merges, .from_hf_tokenizer_json,
 .from_gguf_fields. A malformed file of any kind raises TokenizerError (one line, naming the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import json
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,11 +137,26 @@ SMOLLM_PRE: tuple[PreTokenizeStep, ...] = (RegexSplit(DIGIT_PATTERN), RegexSplit
 
 # llama.cpp's tokenizer.ggml.pre names -> our steps. "smollm" is llama.cpp's
 # LLAMA_VOCAB_PRE_TYPE_SMOLLM, which shares StarCoder's rules: regexes "\p{N}" then GPT-2's.
+# Qwen2: case-insensitive contractions, a letter run may take one leading non-letter/non-digit
+# (not a newline), every digit alone, punctuation runs keep trailing newlines, newline runs
+# keep their leading spaces. Same text as Qwen2's tokenizer.json Split pre-tokenizer.
+QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+QWEN2_PRE: tuple[PreTokenizeStep, ...] = (RegexSplit(QWEN2_PATTERN),)
+
 GGUF_PRE: dict[str, tuple[PreTokenizeStep, ...]] = {
     "gpt2": GPT2_PRE,
     "smollm": SMOLLM_PRE,
     "starcoder": SMOLLM_PRE,
+    "qwen2": QWEN2_PRE,
 }
+GGUF_NORMALIZER = {"qwen2": "NFC"}  # Qwen2's tokenizer.json normalizes text to NFC first
+NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD")  # unicodedata forms (tokenizer.json normalizer types)
+
+# Tokens that end a turn or a text in the chat formats we know: generation stops there.
+END_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>")
 
 
 def split_isolated(pattern: regex.Pattern, text: str, timeout: float | None = None) -> list[str]:
@@ -243,7 +263,17 @@ class BPETokenizer:
         ignore_merges: bool = False,
         unk_id: int | None = None,
         fuse_unk: bool = False,
+        normalizer: str | None = None,
+        unused_ids: Iterable[int] = (),
+        eot_id: int | None = None,
+        chat_template: str | None = None,
     ) -> None:
+        if normalizer is not None and normalizer not in NORMALIZERS:
+            raise TokenizerError(
+                f"unsupported normalizer {normalizer!r} (supported: {', '.join(NORMALIZERS)})"
+            )
+        self.normalizer = normalizer
+        self.chat_template = chat_template
         self._vocab = dict(vocab)
         self._special = dict(special_tokens or {})
         for content, idx in self._special.items():
@@ -265,6 +295,12 @@ class BPETokenizer:
                 raise TokenizerError(
                     f"{label} {idx!r} is not a token id (vocabulary size {len(self._id_to_token)})"
                 )
+        if eot_id is not None and not (isinstance(eot_id, int) and 0 <= eot_id < self.vocab_size):
+            raise TokenizerError(f"eot_id {eot_id!r} is not a token id")
+        self.eot_id = eot_id
+        self._unused = frozenset(int(i) for i in unused_ids) | frozenset(
+            i for i, t in enumerate(self._id_to_token) if t is None
+        )
         self._id_bytes = [_token_bytes(t) if t is not None else b"" for t in self._id_to_token]
         for content, idx in self._special.items():
             self._id_bytes[idx] = content.encode("utf-8")
@@ -283,6 +319,28 @@ class BPETokenizer:
     def vocab_size(self) -> int:
         """Number of ids (largest id + 1, special tokens included)."""
         return len(self._id_to_token)
+
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """Ids that end a generation: eos, end-of-turn, and the known end tokens present.
+
+        A chat model ends its turn with e.g. `<|im_end|>` (ChatML) and may instead emit
+        end-of-text; both must stop decoding. Never empty when the tokenizer has an eos_id.
+        """
+        ids = {i for i in (self.eos_id, self.eot_id) if i is not None}
+        ids |= {self._special[t] for t in END_TOKENS if t in self._special}
+        return frozenset(ids)
+
+    def padding_ids(self, n_rows: int) -> np.ndarray:
+        """Embedding rows in [0, n_rows) that are no token: (n,) int64, sorted.
+
+        Checkpoints pad the embedding (Qwen2: 151,936 rows for 151,665 tokens); the padding rows
+        (ids past the vocabulary, unused GGUF slots such as "[PAD151665]", gaps in the ids)
+        must never be produced by argmax, top-k or sampling.
+        """
+        extra = range(self.vocab_size, n_rows)
+        ids = sorted(i for i in self._unused if i < n_rows) + list(extra)
+        return np.asarray(ids, dtype=np.int64)
 
     @property
     def special_tokens(self) -> dict[str, int]:
@@ -319,6 +377,8 @@ class BPETokenizer:
                 if special_id is not None:
                     ids.append(special_id)
                     continue
+                if self.normalizer is not None:
+                    segment = unicodedata.normalize(self.normalizer, segment)
                 for piece in pre_tokenize(self._pre_tokenizer, segment):
                     ids.extend(self._encode_piece(piece))
         except UnicodeEncodeError:
@@ -400,9 +460,14 @@ class BPETokenizer:
         path = Path(path)
         spec = json.loads(path.read_text(encoding="utf-8"))
         vocab, merges, options = _hf_model(spec.get("model"), path)
+        normalizer = None
         if spec.get("normalizer") is not None:
-            kind = spec["normalizer"].get("type")
-            raise TokenizerError(f"{path}: unsupported normalizer type {kind!r} (only null)")
+            normalizer = spec["normalizer"].get("type")
+            if normalizer not in NORMALIZERS:
+                raise TokenizerError(
+                    f"{path}: unsupported normalizer type {normalizer!r} "
+                    f"(supported: null, {', '.join(NORMALIZERS)})"
+                )
         pre = _hf_pre_tokenizer(spec.get("pre_tokenizer"), path)
         special = _hf_added_tokens(spec.get("added_tokens") or [], path)
         config = _read_tokenizer_config(path.with_name("tokenizer_config.json"))
@@ -412,10 +477,18 @@ class BPETokenizer:
         )
         template_bos = _template_bos(spec.get("post_processor"), vocab, special)
         add_bos = config.get("add_bos_token", template_bos is not None)
+        template = config.get("chat_template")
+        if template is None and path.with_name("chat_template.jinja").is_file():
+            template = path.with_name("chat_template.jinja").read_text(encoding="utf-8")
+        if not (template is None or isinstance(template, str)):
+            raise TokenizerError(
+                f"{path.with_name('tokenizer_config.json')}: chat_template must be one template "
+                "string (named templates are not supported)"
+            )
         return cls(
             vocab, merges, special_tokens=special, pre_tokenizer=pre,
             bos_id=bos if bos is not None else template_bos, eos_id=eos, pad_id=pad,
-            add_bos=bool(add_bos), **options,
+            add_bos=bool(add_bos), normalizer=normalizer, chat_template=template, **options,
         )  # fmt: skip
 
     @classmethod
@@ -447,12 +520,16 @@ class BPETokenizer:
         ]
         vocab = {tok: i for i, tok in enumerate(tokens)}
         special = {tok: i for i, (tok, kind) in enumerate(zip(tokens, types)) if kind in (3, 4)}
+        unused = [i for i, kind in enumerate(types) if kind == 5]  # UNUSED: padding slots
         return cls(
             vocab, merges, special_tokens=special, pre_tokenizer=GGUF_PRE[pre_name],
             bos_id=gguf_field(reader, "tokenizer.ggml.bos_token_id", default=None),
             eos_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", default=None),
             pad_id=gguf_field(reader, "tokenizer.ggml.padding_token_id", default=None),
             add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", default=False)),
+            normalizer=GGUF_NORMALIZER.get(pre_name), unused_ids=unused,
+            eot_id=gguf_field(reader, "tokenizer.ggml.eot_token_id", default=None),
+            chat_template=gguf_field(reader, "tokenizer.chat_template", default=None),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ internals

@@ -62,6 +62,9 @@ def permute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, E // 2, D).swapaxes(1, 2).reshape(rows, D)
 
 
+GGUF_ROTATE_HALF_ARCHS = ("qwen2",)  # GGUF architectures stored without the Q/K row permutation
+
+
 def weight_table(config: ModelConfig, fmt: str) -> list[WeightSpec]:
     """Every parameter of `config`'s model, with its source in format fmt ("hf", "gguf", "npz")."""
     if config.family == "gpt2":
@@ -84,7 +87,9 @@ def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
         c.d_mlp,
         c.vocab_size,
     )
-    gguf = fmt == "gguf"
+    # llama.cpp's converter interleaves the rotary pairs of Q/K rows for llama, not for qwen2
+    # (whose GGUF keeps Hugging Face's rotate-half rows).
+    gguf = fmt == "gguf" and c.arch not in GGUF_ROTATE_HALF_ARCHS
     unperm_q = (lambda w: unpermute_rotary_rows(w, H)) if gguf else _identity
     unperm_k = (lambda w: unpermute_rotary_rows(w, G)) if gguf else _identity
     q_heads, kv_heads = _linear_heads(H, E, D), _linear_heads(G, E, D)
@@ -193,7 +198,7 @@ def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
                 np.transpose,
             ),
         ]
-        if c.attn_bias:
+        if c.attn_bias or c.qkv_bias:
             table += [
                 WeightSpec(
                     b + "attn.b_Q",
@@ -222,6 +227,9 @@ def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
                     (G, E),
                     lambda a: a.reshape(G, E),
                 ),
+            ]
+        if c.attn_bias:
+            table += [
                 WeightSpec(
                     b + "attn.b_O",
                     hf + "self_attn.o_proj.bias",
