@@ -72,6 +72,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import unicodedata
 import zipfile
 from pathlib import Path
 from unittest import mock
@@ -713,6 +714,218 @@ def write_tokenizer_fixture(bpe_dir: Path) -> None:
     print(f"{out.name}: {len(cases)} cases, {sum(len(c['ids']) for c in cases)} ids")
 
 
+# ---------------------------------------------------------------- Qwen2.5-Coder GGUF references
+
+QWEN2_PATTERN_REF = (  # as in transformers' Qwen2Converter and Qwen2's tokenizer.json
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+QWEN2_EXTRA_CORPUS = [
+    "What is 48 plus 76?",
+    "Question: What is 12345 minus 67890?\nAnswer:",
+    "1234567890 0.5 -17 3,000,000 1e-9 0x7fff 2024-06-01T12:00:00Z",
+    "   four spaces then text\n\n\n    indented\t\ttabs  \r\n\r\n",
+    "def fib(n: int) -> int:\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
+    "const x = arr.map((v, i) => v * i).filter(Boolean); // comment",
+    "SELECT name, COUNT(*) FROM users WHERE age >= 18 GROUP BY name;",
+    "你好，世界！这是一个测试。東京都。",
+    "emoji 😀😃😄 👨‍💻 🏳️‍🌈 ✔️ 🚀🚀🚀",
+    "e\u0301 vs \u00e9, \u212b vs \u00c5, \ufb01 ligature",  # NFC changes some of these
+    "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+    '<tool_call>{"name": "f"}</tool_call><|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>',
+    "It's DON'T they'RE we'Ve",
+    "!!!\n\n???\n  ...  \n",
+]
+CHAT_CONVERSATIONS = [
+    [{"role": "user", "content": "What is 48 plus 76?"}],
+    [
+        {"role": "system", "content": "You are a calculator."},
+        {"role": "user", "content": "Solve: 3 * 4"},
+    ],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Tell me a joke about 日本 and emoji 🙂.\n\nTwo lines."},
+    ],
+    [{"role": "user", "content": "  leading and trailing spaces  \n"}],
+]
+GOLDEN_PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {
+            "role": "user",
+            "content": "Solve the arithmetic problem. Return only the final integer, with no "
+            "words or explanation.\n\nQuestion: What is 48 plus 76?\nAnswer:",
+        }
+    ],
+    [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "Write a function that reverses a string."},
+    ],
+]
+GOLDEN_TOP = 64  # largest logits stored per prompt (ids and values)
+GOLDEN_SAMPLE = 256  # further fixed random vocabulary ids whose logits are stored
+
+
+def _cached_gguf(name: str) -> Path:
+    sys.path.insert(0, str(REPO))
+    from cel_numpy.models.fetch import fetch  # stdlib only: locates (or fetches) the file
+
+    return Path(fetch(name))
+
+
+def _hf_gguf_tokenizer(path: Path):
+    return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+def _qwen2_tokenizers_reference(path: Path):
+    """`tokenizers` built from the GGUF's vocab and merges, configured like Qwen2's tokenizer.json."""
+    import gguf
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers as pre
+
+    reader = gguf.GGUFReader(path)
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    types = reader.fields["tokenizer.ggml.token_type"].contents()
+    merges = [tuple(m.split(" ")) for m in reader.fields["tokenizer.ggml.merges"].contents()]
+    tok = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre.Sequence(
+        [
+            pre.Split(Regex(QWEN2_PATTERN_REF), behavior="isolated", invert=False),
+            pre.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    added = [
+        AddedToken(t, special=k == 3, normalized=False)
+        for t, k in zip(tokens, types)
+        if k in (3, 4)
+    ]
+    tok.add_special_tokens(added)
+    return tok
+
+
+def write_qwen2_tokenizer_fixture(path: Path) -> None:
+    """Ids of a corpus under `tokenizers` (built from the GGUF) and transformers' GGUF tokenizer."""
+    import random
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from write_tokenizer_fixture_smollm2 import CORPUS, N_RANDOM, POOL
+
+    reference = _qwen2_tokenizers_reference(path)
+    hf = _hf_gguf_tokenizer(path)
+    rng = random.Random(20241201)
+    randoms = [
+        "".join(rng.choice(POOL) for _ in range(rng.randint(1, 80))) for _ in range(N_RANDOM)
+    ]
+    cases = []
+    for text in CORPUS + QWEN2_EXTRA_CORPUS + randoms:
+        ids = reference.encode(text, add_special_tokens=False).ids
+        # transformers' GGUF reader builds Qwen2's split but not its NFC normalizer (Qwen2's own
+        # tokenizer.json has it): it agrees once the text is in NFC.
+        nfc = unicodedata.normalize("NFC", text)
+        assert ids == hf.encode(nfc, add_special_tokens=False), f"vs transformers: {text!r}"
+        cases.append(
+            {"text": text, "ids": ids, "decoded": reference.decode(ids, skip_special_tokens=False)}
+        )
+    digits = reference.encode("12345", add_special_tokens=False).ids
+    assert len(digits) == 5, "Qwen2 splits digits one by one"
+    out = FIXTURES / "qwen2_tokenizer_reference.json"
+    fixture = {
+        "description": "Qwen2.5-Coder-0.5B-Instruct GGUF tokenizer: ids from HF tokenizers built from "
+        "the GGUF vocabulary/merges with Qwen2's NFC + Split pre-tokenizer, equal to transformers' "
+        "GGUF tokenizer on the NFC form of every case; written by scripts/write_fixtures.py --only qwen2-real",
+        "gguf_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "tokenizers_version": tokenizers.__version__,
+        "transformers_version": transformers.__version__,
+        "cases": cases,
+    }
+    out.write_text(json.dumps(fixture, ensure_ascii=True, indent=1) + "\n", encoding="utf-8")
+    print(f"{out.name}: {len(cases)} cases")
+
+
+def write_chat_template_fixture(paths: dict) -> None:
+    """transformers' apply_chat_template on each GGUF's own template, for a few conversations."""
+    import gguf
+
+    models_out = {}
+    for name, path in paths.items():
+        hf = _hf_gguf_tokenizer(path)
+        template = gguf.GGUFReader(path).fields["tokenizer.chat_template"].contents()
+        assert hf.chat_template == template, f"{name}: transformers read another template"
+        cases = []
+        for messages in CHAT_CONVERSATIONS:
+            for add_generation_prompt in (True, False):
+                text = hf.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                )
+                cases.append(
+                    {
+                        "messages": messages,
+                        "add_generation_prompt": add_generation_prompt,
+                        "text": text,
+                    }
+                )
+        models_out[name] = {
+            "template_sha256": hashlib.sha256(template.encode("utf-8")).hexdigest(),
+            "special_tokens": {
+                k: v for k, v in hf.special_tokens_map.items() if isinstance(v, str)
+            },
+            "cases": cases,
+        }
+    out = FIXTURES / "chat_templates_reference.json"
+    fixture = {
+        "description": "apply_chat_template(messages, tokenize=False, add_generation_prompt=...) "
+        "of transformers' tokenizer read from each GGUF; written by scripts/write_fixtures.py "
+        "--only qwen2-real",
+        "transformers_version": transformers.__version__,
+        "models": models_out,
+    }
+    out.write_text(json.dumps(fixture, ensure_ascii=True, indent=1) + "\n", encoding="utf-8")
+    print(f"{out.name}: {sum(len(m['cases']) for m in models_out.values())} cases")
+
+
+def write_qwen2_golden_fixture(path: Path) -> None:
+    """transformers reads the real GGUF (dequantized by gguf); ids and last-position logits."""
+    hf_tok = _hf_gguf_tokenizer(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    V = model.config.vocab_size
+    sample = np.random.default_rng(7).choice(V, size=GOLDEN_SAMPLE, replace=False)
+    out = {}
+    for i, messages in enumerate(GOLDEN_PROMPTS):
+        text = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = hf_tok.encode(text, add_special_tokens=False)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double().numpy()  # (V,)
+        top = np.argsort(-logits)[:GOLDEN_TOP]
+        out[f"messages_{i}"] = np.array(json.dumps(messages, ensure_ascii=False))
+        out[f"text_{i}"] = np.array(text)
+        out[f"ids_{i}"] = np.array(ids, dtype=np.int64)
+        out[f"top_ids_{i}"] = top.astype(np.int64)
+        out[f"top_logits_{i}"] = logits[top].astype(np.float32)
+        out[f"sample_logits_{i}"] = logits[sample].astype(np.float32)
+        out[f"logsumexp_{i}"] = np.float64(
+            np.log(np.exp(logits - logits.max()).sum()) + logits.max()
+        )
+        print(f"golden {i}: {len(ids)} ids, top-1 {hf_tok.decode([int(top[0])])!r}")
+    np.savez_compressed(
+        FIXTURES / "qwen2_golden.npz",
+        sample_ids=sample.astype(np.int64),
+        gguf_sha256=np.array(hashlib.sha256(path.read_bytes()).hexdigest()),
+        transformers_version=np.array(transformers.__version__),
+        **out,
+    )
+
+
+def write_qwen2_real_fixtures() -> None:
+    qwen, smollm2 = _cached_gguf("qwen2.5-coder-0.5b"), _cached_gguf("smollm2")
+    write_qwen2_tokenizer_fixture(qwen)
+    write_chat_template_fixture({"qwen2.5-coder-0.5b": qwen, "smollm2": smollm2})
+    write_qwen2_golden_fixture(qwen)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -741,9 +954,10 @@ def main(argv: list) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["grads", "qwen2"],
+        choices=["grads", "qwen2", "qwen2-real"],
         help="grads: rewrite only <name>_grads.npz from the committed model folders; "
-        "qwen2: write only tiny_qwen2/ and its reference and gradient files",
+        "qwen2: write only tiny_qwen2/ and its reference and gradient files; qwen2-real: "
+        "the tokenizer, chat-template and golden-logit references of the real GGUF files",
     )
     args = parser.parse_args(argv)
     print(
@@ -754,6 +968,9 @@ def main(argv: list) -> None:
     FIXTURES.mkdir(parents=True, exist_ok=True)
     torch.use_deterministic_algorithms(True)
 
+    if args.only == "qwen2-real":
+        write_qwen2_real_fixtures()
+        return
     if args.only == "qwen2":
         write_model_fixture("tiny_qwen2")
         write_gradient_fixture("tiny_qwen2")

@@ -150,3 +150,64 @@ def test_unknown_architecture_is_one_line(tmp_path):
     assert "\n" not in message
     assert message.startswith(f"{path}: GGUF architecture 'qwen9' is not supported"), message
     assert "supported: llama, qwen2" in message, message
+
+
+def _ascii_tokenizer(n_extra: int = 0):
+    """A byte-level tokenizer of the 94 printable ASCII characters (+ n_extra unused tokens)."""
+    from cel_numpy.models.tokenizer import BPETokenizer
+
+    vocab = {chr(c): i for i, c in enumerate(range(0x21, 0x7F))}
+    vocab |= {f"[PAD{i}]": 94 + i for i in range(n_extra)}
+    return BPETokenizer(vocab, [], unused_ids=range(94, 94 + n_extra))
+
+
+def test_padding_rows_are_masked_in_both_decoders():
+    """96 embedding rows, 94 tokens: rows 94 and 95 are padding and must never be generated."""
+    from cel_numpy.models.fast import Stop, generate_conditions, prepare
+    from cel_numpy.models.model import Model
+
+    base = cn.load_model(FIXTURES / "tiny_qwen2")
+    params = copy_params(base.params)
+    model = Model(params, base.config, _ascii_tokenizer(), source="tiny")
+    assert model.padding_ids.tolist() == [94, 95]
+    prompts = [[5, 6, 7], [8, 9]]
+    W_U = params["unembed"]["W_U"]  # (D, V)
+    W_U[:, 95] = 50 * np.abs(W_U).max() * np.sign(W_U).sum(axis=1)  # a huge logit everywhere
+    logits = model.logits(prompts)
+    assert (logits[:, -1].argmax(-1) == 95).all(), "the padding row should win unmasked"
+    naive = model.generate_ids(prompts, 4, stop_at_eos=False)
+    fast = generate_conditions(prepare(model), prompts, [()], None, Stop((), 4))[0][0]
+    for rows in (naive, fast):
+        for row in rows:
+            assert len(row) == 4 and not {94, 95} & set(row), rows
+    assert naive == fast
+    masked = model.mask_padding(np.zeros((2, 96)))
+    assert (masked[:, 94:] == np.finfo(np.float64).min).all() and (masked[:, :94] == 0).all()
+
+
+def test_unused_gguf_slots_are_padding_too():
+    from cel_numpy.models.model import Model
+
+    base = cn.load_model(FIXTURES / "tiny_qwen2")
+    model = Model(base.params, base.config, _ascii_tokenizer(n_extra=2), source="tiny")
+    assert model.padding_ids.tolist() == [94, 95]  # "[PAD94]", "[PAD95]": type UNUSED
+
+
+def test_more_tokens_than_embedding_rows_is_a_load_error():
+    from cel_numpy.models.model import Model
+
+    base = cn.load_model(FIXTURES / "tiny_qwen2")
+    with pytest.raises(ModelFileError) as info:
+        Model(base.params, base.config, _ascii_tokenizer(n_extra=3), source="tiny_dir")
+    message = str(info.value)
+    assert message.startswith("tiny_dir: the tokenizer has 97 tokens but the embedding only 96")
+    assert "\n" not in message
+
+
+def copy_params(params):
+    """A deep copy of nested params (dicts of arrays)."""
+    if isinstance(params, dict):
+        return {k: copy_params(v) for k, v in params.items()}
+    if isinstance(params, list):
+        return [copy_params(v) for v in params]
+    return np.array(params, copy=True)

