@@ -23,7 +23,8 @@ from cel_numpy.tasks import TASKS, make_panels
 
 HERE = Path(__file__).parent
 FIXTURES = [
-    HERE / "fixtures" / name for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2")
+    HERE / "fixtures" / name
+    for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2")
 ]
 ATOL = 1e-4
 
@@ -299,7 +300,7 @@ def test_smollm2_other_tokenizations_of_the_answer(smollm2):
     assert [m.decode(ids) for ids in got[0]] == [" Rome\n", " Paris\n"]
 
 
-@pytest.mark.parametrize("task_name", ["arithmetic", "capitals", "ioi"])
+@pytest.mark.parametrize("task_name", ["arithmetic", "arithmetic_chat", "capitals", "ioi"])
 def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     from cel_numpy.tasks import get_task
 

@@ -185,8 +185,17 @@ class LMEvaluator:
     def _encode(self, text: str) -> list[int]:
         return list(self.model.tokenizer.encode(text))  # adds BOS iff the tokenizer says so
 
+    def model_text(self, prompt: str) -> str:
+        """The text the model reads for a prompt: a chat task's prompt (`Task.chat`) is one user
+        message, written in the model's chat template with the generation prompt."""
+        if getattr(self.task, "chat", False):
+            return self.model.chat([{"role": "user", "content": prompt}])
+        return prompt
+
     def prompt_ids(self, prompt: str) -> list[int]:
         """Token ids of an item's prompt as the model reads it (what generation continues)."""
+        if getattr(self.task, "chat", False):
+            return self.model.encode_chat_text(self.model_text(prompt))
         return self._encode(prompt)
 
     def _ablate_kwargs(self, cond: Condition) -> dict:
@@ -236,7 +245,10 @@ class LMEvaluator:
         happens as in real use), and the continuation is everything after the longest common
         prefix with the prompt's own encoding. At least one token is always scored.
         """
-        full = self._encode(prompt + choice)
+        if getattr(self.task, "chat", False):  # the answer follows the assistant prompt
+            full = self.model.encode_chat_text(self.model_text(prompt) + choice)
+        else:
+            full = self._encode(prompt + choice)
         alone = self.prompt_ids(prompt)
         n = 0
         while n < min(len(full), len(alone)) and full[n] == alone[n]:

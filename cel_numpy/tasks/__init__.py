@@ -1,6 +1,8 @@
 """Template-generated tasks (no downloads); see `cel_numpy.tasks.base` for the contract.
 
     TASKS["arithmetic"]    "Question: What is 48 plus 76?\\nAnswer:" -> " 124"      generate
+    TASKS["arithmetic_chat"]  the released protocol: instruction + question as one chat user
+                           message in the model's template -> "124" then end of turn  generate
     TASKS["arithmetic_2shot"]  the same after two fixed solved examples of the same subtask
     TASKS["ioi"]           "When Mary and John went to the store, John gave a drink to" -> " Mary"   choice
     TASKS["greater_than"]  "The war lasted from the year 1732 to the year 17" -> any YY > 32   generate
@@ -14,6 +16,7 @@ Each module's docstring gives the templates, scoring decisions and template-spac
 from cel_numpy.errors import OptionError
 from cel_numpy.tasks.agreement import Agreement
 from cel_numpy.tasks.arithmetic import Arithmetic
+from cel_numpy.tasks.arithmetic_chat import ArithmeticChat
 from cel_numpy.tasks.base import Item, Scoring, Task
 from cel_numpy.tasks.fewshot import antonyms, capitals
 from cel_numpy.tasks.greater_than import GreaterThan
@@ -26,6 +29,7 @@ TASKS: dict[str, Task] = {
     for task in (
         Arithmetic(),
         Arithmetic(n_shots=2),
+        ArithmeticChat(),
         IndirectObject(),
         GreaterThan(),
         capitals(),

@@ -1,4 +1,7 @@
-"""Arithmetic in the paper's format: "Question: What is 48 plus 76?\\nAnswer:" -> " 124".
+"""Plain-text arithmetic: "Question: What is 48 plus 76?\\nAnswer:" -> " 124".
+
+The EleutherAI question wording as a raw continuation (no instruction, no chat template): the
+format a base model sees. The paper's released protocol for chat models is `arithmetic_chat`.
 
 Ten subtasks, equal shares:
     add2 add3 add4 add5   n-digit addition, both operands uniform in [10^(n-1), 10^n - 1]

@@ -46,6 +46,10 @@ class Task(Protocol):
     max_new_tokens: int  # cap for "generate" scoring
     # Optional: `answer_separator` (str, default " "), the text between prompt and answer in a
     # natural continuation; the gradient screen teacher-forces prompt + separator + answer.
+    # Optional: `chat` (bool, default False): the prompt is one user message, which the
+    # evaluator writes in the model's chat template with the generation prompt.
+    # Optional: `stop` ("newline" default, or "end_of_turn"): where a generated answer ends
+    # (`cel_numpy.localize.scoring.stop_rule`).
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Item]:
         """n items (may repeat; panels de-duplicate by `Item.id`)."""
