@@ -701,7 +701,7 @@ CASES = [
         "unknown-task",
         "localize --task capital (a typo)",
         lambda t: _localize("smollm2", t / "run", "--task", "capital"),
-        r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, capitals, "
+        r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, arithmetic_chat, capitals, "
         r"greater_than, ioi",
     ),
     Case(

@@ -62,14 +62,17 @@ class Model:
         self.tokenizer = tokenizer
         self.source = source
         self.padding_ids = np.zeros(0, dtype=np.int64)  # embedding rows that are no token
-        if tokenizer is not None:
+        if getattr(tokenizer, "vocab_size", None) is not None:  # any object with encode/decode
             if tokenizer.vocab_size > config.vocab_size:
                 raise ModelFileError(
                     f"{source or 'model'}: the tokenizer has {tokenizer.vocab_size} tokens but the "
                     f"embedding only {config.vocab_size} rows: the tokenizer files belong to "
                     "another model (use the tokenizer shipped with these weights)"
                 )
-            self.padding_ids = tokenizer.padding_ids(config.vocab_size)
+            if hasattr(tokenizer, "padding_ids"):
+                self.padding_ids = tokenizer.padding_ids(config.vocab_size)
+            else:
+                self.padding_ids = np.arange(tokenizer.vocab_size, config.vocab_size)
 
     def mask_padding(self, logits: np.ndarray) -> np.ndarray:
         """logits (..., V) with the padding rows' logits set to the lowest float (in place).
