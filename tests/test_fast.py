@@ -197,8 +197,14 @@ class AsciiTokenizer:
     bos_id = eos_id = None
     pad_id = 0
     add_bos = False
+    # chat tasks (arithmetic_chat): a minimal template, and "~" ends the assistant's turn
+    chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}~{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    stop_ids = frozenset({alphabet.index("~")})
 
-    def encode(self, text):
+    def encode(self, text, add_bos=False):
         return [self.alphabet.index(ch) for ch in text]
 
     def decode(self, ids):
