@@ -10,6 +10,7 @@ import pytest
 from cel_numpy.tasks import TASKS, Item, get_task, make_panels, max_panel_items, panel_hash
 from cel_numpy.tasks.arithmetic import Arithmetic
 from cel_numpy.tasks.fewshot import ANTONYMS, CAPITALS
+from cel_numpy.tasks.panels import panel_layout
 
 ARITH = get_task("arithmetic")
 
@@ -70,12 +71,80 @@ def test_uneven_panel_sizes_stay_balanced():
     )
 
 
-def test_panel_can_exhaust_a_small_space():
-    """Up to the stated maximum the request succeeds, every item distinct."""
-    task = get_task("agreement")
-    limit = max_panel_items(task)
-    d, h = make_panels(task, limit - 100, 100, seed=3)
-    assert len({it.id for it in d + h}) == limit
+def test_panel_can_fill_its_clusters():
+    """A panel can take every item of its clusters (greater_than: 97 clusters of 80 items)."""
+    task = get_task("greater_than")
+    d, h = make_panels(task, 80, 80 * 96, seed=3)  # one cluster for discovery, 96 for held-out
+    assert len({it.cluster for it in d}) == 1 and len({it.cluster for it in h}) == 96
+    assert len({it.id for it in d + h}) == max_panel_items(task)
+    with pytest.raises(
+        ValueError,
+        match=r"1 clusters of 80 years items, too few for 81 of them \(items that share a query",
+    ):
+        make_panels(task, 81, 80 * 96 - 1, seed=3)
+
+
+# --------------------------------------------------------------------------- clusters
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+@pytest.mark.parametrize("n_d, n_h", [(20, 300), (100, 300), (7, 5), (300, 100)])
+def test_panels_disjoint_by_cluster(name, n_d, n_h):
+    """No cluster (country, antonym pair, subject noun, ...) is in both panels, for every task."""
+    task = TASKS[name]
+    d, h = make_panels(task, n_d, n_h, seed=5)
+    clusters_d, clusters_h = {it.cluster for it in d}, {it.cluster for it in h}
+    assert clusters_d and clusters_h and not clusters_d & clusters_h
+    layout = panel_layout(task, n_d, n_h)
+    assert layout["discovery"]["clusters"] == len(clusters_d)
+    assert layout["heldout"]["clusters"] == len(clusters_h)
+    for panel in (d, h):  # items are spread evenly over the panel's clusters
+        sizes = Counter(it.cluster for it in panel).values()
+        assert max(sizes) - min(sizes) <= 1 + len(task.subtasks) * (not task.shared_clusters)
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_item_in_cluster_indexes_the_same_space(name):
+    """`item_in_cluster(s, c, j)` is a second indexing of the space: every item of cluster c
+    carries the same `cluster` label, distinct (c, j) give distinct items, and the clusters'
+    sizes add up to the space."""
+    task = TASKS[name]
+    rng = np.random.default_rng(1)
+    labels = {}
+    for s in task.subtasks:
+        n_clusters, size = task.cluster_shape(s)
+        assert n_clusters * size == task.space_size(s)
+        for c in rng.choice(n_clusters, min(n_clusters, 25), replace=False):
+            js = rng.choice(size, min(size, 20), replace=False)
+            items = [task.item_in_cluster(s, int(c), int(j)) for j in js]
+            assert len({it.id for it in items}) == len(items)
+            assert len({it.cluster for it in items}) == 1, f"{name}/{s}: cluster {c} is split"
+            label = items[0].cluster
+            if task.shared_clusters:  # cluster c is the same unit in every subtask
+                assert labels.setdefault(int(c), label) == label
+            else:
+                labels.setdefault((s, int(c)), label)
+    keyed = list(labels.values())
+    assert len(set(keyed)) == len(keyed), f"{name}: two clusters share a label"
+
+
+def test_cluster_labels():
+    assert get_task("capitals").item_at("lookup", 0).cluster == "France"
+    antonyms = get_task("antonyms")
+    assert {antonyms.item_at("lookup", i).cluster for i in (0, 1)} == {"hot/cold"}  # both ways
+    agr = get_task("agreement")
+    assert agr.item_at("SS", 0).cluster == agr.item_at("PP", 0).cluster == "key"
+    assert ARITH.item_at("add2", 0).cluster == "10 plus 10"
+    assert get_task("arithmetic_2shot").item_at("add2", 0).cluster == "10 plus 10"
+    item = Item("toy", "x", "prompt", "a")
+    assert item.cluster == item.id  # an item without a cluster label is a cluster of its own
+
+
+def test_capitals_and_antonyms_give_100_heldout_clusters():
+    """The README's panel sizes: 100 discovery + 300 held-out items put >= 100 clusters in held-out."""
+    for name in ("capitals", "antonyms"):
+        assert len(TASKS[name].pairs) >= 150
+        assert panel_layout(TASKS[name], 100, 300)["heldout"]["clusters"] >= 100
 
 
 @pytest.mark.parametrize("name", ["arithmetic", "agreement", "greater_than"])
@@ -268,13 +337,34 @@ def test_fewshot_answer_not_in_prompt(name):
         assert len(set(lines)) == 4
 
 
+# Countries left out on purpose (capital split, disputed, renamed, spelled two ways, written with
+# diacritics, or equal to the country): none may come back.
+_AMBIGUOUS_COUNTRIES = {
+    "Bolivia", "Netherlands", "South Africa", "Switzerland", "Israel", "Sri Lanka", "Benin",
+    "Tanzania", "Ivory Coast", "Kazakhstan", "Myanmar", "India", "Ukraine", "Mongolia", "Yemen",
+    "Brazil", "Paraguay", "Chad", "Luxembourg", "Djibouti", "Singapore", "Monaco", "San Marino",
+    "Burundi", "Palau", "Eswatini", "Georgia", "United States",
+}  # fmt: skip
+_AMBIGUOUS_ANTONYM_QUERIES = {"light", "short", "old", "hard", "right", "close", "fall", "new"}
+
+
 def test_fewshot_tables_are_unambiguous():
+    """No duplicates, plain ASCII, no word in two entries (so either direction has one answer),
+    no answer equal to a query, none of the known ambiguous entries."""
+    assert len(CAPITALS) >= 150 and len(ANTONYMS) >= 150
     for table in (CAPITALS, ANTONYMS):
         words = [w for pair in table for w in pair]
         assert len(words) == len(set(words)), (
             "a word in two entries would make some answer ambiguous"
         )
-        assert all(w.isascii() and w == w.strip() for w in words)
+        assert all(w.isascii() and w == w.strip() and "  " not in w for w in words)
+    assert all(re.fullmatch(r"[a-z]+", w) for pair in ANTONYMS for w in pair)
+    assert all(re.fullmatch(r"[A-Z][A-Za-z .-]*[a-z]", w) for pair in CAPITALS for w in pair)
+    countries = {c for c, _ in CAPITALS}
+    assert not countries & _AMBIGUOUS_COUNTRIES
+    assert not {w for pair in ANTONYMS for w in pair} & _AMBIGUOUS_ANTONYM_QUERIES
+    assert all(capital != country for country, capital in CAPITALS)
+    assert not countries & {capital for _, capital in CAPITALS}
 
 
 def test_ioi_answer_is_the_name_not_repeated():

@@ -11,8 +11,11 @@ subject has the higher total log-probability.
 The attractor sits in a prepositional phrase ("near the ...") or in an object relative clause
 with a past-tense verb that carries no number ("that the ... saw").
 
-Template space per subtask: 14 subjects * 13 attractors (never the subject's own noun)
-* 12 frames (6 prepositional, 6 relative) = 2184.
+Clusters (`Item.cluster`, the independent unit): the subject noun, in both numbers ("key" holds
+"The key ..." and "The keys ..."), shared by the four subtasks, so 50 clusters in all.
+
+Template space per subtask: 50 subjects * 49 attractors (never the subject's own noun)
+* 12 frames (6 prepositional, 6 relative) = 29400; 588 items per subject and subtask.
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ NOUNS = (
     ("picture", "pictures"), ("book", "books"), ("car", "cars"), ("doctor", "doctors"),
     ("box", "boxes"), ("child", "children"), ("woman", "women"), ("man", "men"),
     ("table", "tables"), ("bottle", "bottles"),
+    ("student", "students"), ("farmer", "farmers"), ("painting", "paintings"),
+    ("letter", "letters"), ("window", "windows"), ("chair", "chairs"), ("lamp", "lamps"),
+    ("house", "houses"), ("cat", "cats"), ("horse", "horses"), ("boy", "boys"), ("girl", "girls"),
+    ("player", "players"), ("singer", "singers"), ("lawyer", "lawyers"), ("nurse", "nurses"),
+    ("pilot", "pilots"), ("officer", "officers"), ("manager", "managers"), ("guard", "guards"),
+    ("neighbor", "neighbors"), ("friend", "friends"), ("cup", "cups"), ("plate", "plates"),
+    ("door", "doors"), ("flower", "flowers"), ("tree", "trees"), ("statue", "statues"),
+    ("wolf", "wolves"), ("knife", "knives"), ("leaf", "leaves"), ("church", "churches"),
+    ("dish", "dishes"), ("baby", "babies"), ("city", "cities"), ("lady", "ladies"),
 )  # fmt: skip
 FRAMES = (
     "near the {}", "behind the {}", "next to the {}", "beside the {}", "with the {}", "under the {}",
@@ -39,6 +51,7 @@ class Agreement(TemplateTask):
     scoring = "choice"
     max_new_tokens = 1
     subtasks = ("SS", "SP", "PS", "PP")
+    shared_clusters = True  # the subject noun is one unit across the four subtasks
 
     def space_size(self, subtask: str) -> int:
         return len(NOUNS) * (len(NOUNS) - 1) * len(FRAMES)
@@ -51,4 +64,16 @@ class Agreement(TemplateTask):
         subject = NOUNS[s][subtask[0] == "P"]
         attractor = NOUNS[a][subtask[1] == "P"]
         prompt = f"The {subject} {FRAMES[index].format(attractor)}"
-        return Item(self.name, subtask, prompt, answer=CHOICES[subtask[0] == "P"], choices=CHOICES)
+        return Item(
+            self.name, subtask, prompt, answer=CHOICES[subtask[0] == "P"], choices=CHOICES,
+            cluster=NOUNS[s][0],
+        )  # fmt: skip
+
+    def cluster_shape(self, subtask: str) -> tuple[int, int]:
+        return len(NOUNS), (len(NOUNS) - 1) * len(FRAMES)
+
+    def item_in_cluster(self, subtask: str, cluster: int, j: int) -> Item:
+        frame, a = divmod(j, len(NOUNS) - 1)
+        return self.item_at(
+            subtask, frame * len(NOUNS) * (len(NOUNS) - 1) + cluster * (len(NOUNS) - 1) + a
+        )

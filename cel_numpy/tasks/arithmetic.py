@@ -20,6 +20,9 @@ whitespace, must be exactly the answer as a canonical signed integer (`-?\\d+`):
 "124\\n..." are correct; "+124", "124." (no trailing period tolerated), "1,240", "0124",
 "124 apples" are wrong.
 
+Clusters (`Item.cluster`, the independent unit): the problem, its expression ("48 plus 76");
+every item is a cluster of its own.
+
 Template space: add_n = (9 * 10^(n-1))^2 (8100 for n=2), sub_n = N (N + 1) / 2 with N = 9 * 10^(n-1)
 (4095 for n=2), mul2 = 8100, comp1 = 10^3 * 3^2 = 9000.
 
@@ -84,7 +87,8 @@ class Arithmetic(TemplateTask):
         prompt, answer = self._question(subtask, index)
         shots = [self._question(subtask, i) for i in self.shot_indices(subtask)]
         context = "".join(f"{p} {a}\n\n" for p, a in shots)
-        return Item(task=self.name, subtask=subtask, prompt=context + prompt, answer=answer)
+        expression = prompt.removeprefix("Question: What is ").removesuffix("?\nAnswer:")
+        return Item(self.name, subtask, context + prompt, answer=answer, cluster=expression)
 
     def _full_size(self, subtask: str) -> int:
         kind, n = subtask[:-1], int(subtask[-1])

@@ -31,11 +31,20 @@ class Item:
     answer: str  # the expected answer (for "choice": one of `choices`)
     choices: tuple[
         str, ...
-    ] = ()  # candidate continuations for "choice" scoring (with leading space if any)
+    ] = ()  # candidate continuations for "choice" scoring (leading space if any)
+    # The item's independent unit (the country asked, the antonym pair, the subject noun...): items
+    # of one cluster are not independent evidence, so panels keep a cluster whole and the held-out
+    # test treats the cluster as its unit. Empty: the item is a cluster of its own (its id).
+    cluster: str = ""
+
+    def __post_init__(self):
+        if not self.cluster:
+            object.__setattr__(self, "cluster", self.id)
 
     @property
     def id(self) -> str:
-        """Content hash: two items with the same id are the same question."""
+        """Content hash: two items with the same id are the same question (the cluster, a label
+        derived from the question, is not part of it)."""
         blob = "\x1f".join([self.task, self.subtask, self.prompt, self.answer, *self.choices])
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 

@@ -7,12 +7,22 @@ Each prompt is three shots (an ordered choice of three other entries, never the 
 entry) followed by the query. Antonym queries run in both directions ("wet -> dry" and
 "dry -> wet"); shots are shown in the table's direction.
 Scoring ("generate"): the continuation up to the first newline, stripped, must equal the answer
-exactly (case-sensitive, no trailing punctuation tolerated). The tables keep only entries with
-one unambiguous answer in plain ASCII (no "New Delhi"/"Delhi", "Kyiv"/"Kiev", "Brasília").
+exactly (case-sensitive, no trailing punctuation tolerated).
 
-Template space: capitals 70 queries * 69 * 68 * 67 shot arrangements = 22,005,480;
-antonyms 2 * 50 directed queries * 49 * 48 * 47 = 11,054,400. Distinct items can share a query
-with different shots; panels are disjoint by item, not by query.
+The tables keep only entries with one answer in plain ASCII: no country whose capital is split
+or disputed (Bolivia, the Netherlands, South Africa, Switzerland, Israel, Sri Lanka, Benin,
+Tanzania, Ivory Coast, Kazakhstan, Myanmar...), renamed or spelled two ways in English (India's
+New Delhi/Delhi, Ukraine's Kyiv/Kiev, Mongolia, Yemen), written with diacritics (Brasilia,
+Asuncion, Chad's N'Djamena), or equal to its country (Luxembourg, Djibouti, Singapore); no
+antonym whose query has two usual answers (light: dark or heavy; short: long or tall; old: new
+or young) and no word in two pairs. `tests/test_tasks.py` checks these rules.
+
+Clusters (`Item.cluster`, the independent unit): the country; the antonym pair, both directions
+together ("wet/dry"). A panel takes a cluster whole (`cel_numpy.tasks.panels`).
+
+Template space: capitals 152 queries * 151 * 150 * 149 shot arrangements;
+antonyms 2 * 184 directed queries * 183 * 182 * 181 (each cluster: 151 * 150 * 149 and
+2 * 183 * 182 * 181 items).
 """
 
 from __future__ import annotations
@@ -21,26 +31,60 @@ from cel_numpy.tasks.base import Item
 from cel_numpy.tasks.template import TemplateTask, n_arrangements, unrank_arrangement
 
 CAPITALS = (
-    ("France", "Paris"), ("Japan", "Tokyo"), ("Italy", "Rome"), ("Germany", "Berlin"),
-    ("Spain", "Madrid"), ("Russia", "Moscow"), ("China", "Beijing"), ("Egypt", "Cairo"),
-    ("Greece", "Athens"), ("Portugal", "Lisbon"), ("Ireland", "Dublin"), ("Poland", "Warsaw"),
-    ("Austria", "Vienna"), ("Hungary", "Budapest"), ("Sweden", "Stockholm"), ("Norway", "Oslo"),
-    ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Belgium", "Brussels"),
-    ("Romania", "Bucharest"), ("Bulgaria", "Sofia"), ("Serbia", "Belgrade"), ("Croatia", "Zagreb"),
-    ("Turkey", "Ankara"), ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Syria", "Damascus"),
-    ("Lebanon", "Beirut"), ("Jordan", "Amman"), ("Saudi Arabia", "Riyadh"),
-    ("Afghanistan", "Kabul"), ("Pakistan", "Islamabad"), ("Thailand", "Bangkok"),
-    ("Vietnam", "Hanoi"), ("Indonesia", "Jakarta"), ("Philippines", "Manila"),
-    ("South Korea", "Seoul"), ("North Korea", "Pyongyang"), ("Kenya", "Nairobi"),
-    ("Ethiopia", "Addis Ababa"), ("Nigeria", "Abuja"), ("Ghana", "Accra"), ("Morocco", "Rabat"),
-    ("Algeria", "Algiers"), ("Tunisia", "Tunis"), ("Libya", "Tripoli"), ("Sudan", "Khartoum"),
-    ("Senegal", "Dakar"), ("Argentina", "Buenos Aires"), ("Chile", "Santiago"), ("Peru", "Lima"),
-    ("Venezuela", "Caracas"), ("Cuba", "Havana"), ("Mexico", "Mexico City"), ("Canada", "Ottawa"),
-    ("Australia", "Canberra"), ("New Zealand", "Wellington"), ("United Kingdom", "London"),
-    ("Nepal", "Kathmandu"), ("Bangladesh", "Dhaka"), ("Malaysia", "Kuala Lumpur"),
-    ("Uganda", "Kampala"), ("Zimbabwe", "Harare"), ("Qatar", "Doha"), ("Latvia", "Riga"),
-    ("Lithuania", "Vilnius"), ("Estonia", "Tallinn"), ("Armenia", "Yerevan"),
-    ("Slovakia", "Bratislava"), ("Uruguay", "Montevideo"),
+    # Europe
+    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"),
+    ("Portugal", "Lisbon"), ("United Kingdom", "London"), ("Ireland", "Dublin"),
+    ("Belgium", "Brussels"), ("Iceland", "Reykjavik"), ("Kosovo", "Pristina"), ("Austria", "Vienna"), ("Poland", "Warsaw"),
+    ("Czech Republic", "Prague"), ("Slovakia", "Bratislava"), ("Hungary", "Budapest"),
+    ("Slovenia", "Ljubljana"), ("Croatia", "Zagreb"), ("Bosnia and Herzegovina", "Sarajevo"),
+    ("Serbia", "Belgrade"), ("Montenegro", "Podgorica"), ("Albania", "Tirana"),
+    ("North Macedonia", "Skopje"), ("Bulgaria", "Sofia"), ("Romania", "Bucharest"),
+    ("Belarus", "Minsk"), ("Lithuania", "Vilnius"), ("Latvia", "Riga"), ("Estonia", "Tallinn"),
+    ("Finland", "Helsinki"), ("Sweden", "Stockholm"), ("Norway", "Oslo"),
+    ("Denmark", "Copenhagen"), ("Greece", "Athens"), ("Cyprus", "Nicosia"), ("Malta", "Valletta"),
+    ("Russia", "Moscow"), ("Liechtenstein", "Vaduz"), ("Armenia", "Yerevan"),
+    ("Azerbaijan", "Baku"), ("Turkey", "Ankara"),
+    # Middle East, Central, South and East Asia
+    ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Syria", "Damascus"), ("Lebanon", "Beirut"),
+    ("Jordan", "Amman"), ("Saudi Arabia", "Riyadh"), ("Oman", "Muscat"),
+    ("United Arab Emirates", "Abu Dhabi"), ("Qatar", "Doha"), ("Bahrain", "Manama"), ("Kuwait", "Kuwait City"),
+    ("Afghanistan", "Kabul"), ("Pakistan", "Islamabad"), ("Nepal", "Kathmandu"),
+    ("Bhutan", "Thimphu"), ("Bangladesh", "Dhaka"), ("Thailand", "Bangkok"),
+    ("Laos", "Vientiane"), ("Cambodia", "Phnom Penh"), ("Vietnam", "Hanoi"),
+    ("Malaysia", "Kuala Lumpur"), ("Indonesia", "Jakarta"), ("Philippines", "Manila"),
+    ("Brunei", "Bandar Seri Begawan"), ("East Timor", "Dili"), ("China", "Beijing"),
+    ("North Korea", "Pyongyang"), ("South Korea", "Seoul"), ("Japan", "Tokyo"),
+    ("Taiwan", "Taipei"), ("Uzbekistan", "Tashkent"), ("Kyrgyzstan", "Bishkek"),
+    ("Tajikistan", "Dushanbe"),
+    # Africa
+    ("Egypt", "Cairo"), ("Libya", "Tripoli"), ("Tunisia", "Tunis"), ("Algeria", "Algiers"),
+    ("Morocco", "Rabat"), ("Sudan", "Khartoum"), ("South Sudan", "Juba"),
+    ("Ethiopia", "Addis Ababa"), ("Eritrea", "Asmara"), ("Somalia", "Mogadishu"),
+    ("Kenya", "Nairobi"), ("Uganda", "Kampala"), ("Rwanda", "Kigali"), ("Mozambique", "Maputo"),
+    ("Malawi", "Lilongwe"), ("Zambia", "Lusaka"), ("Zimbabwe", "Harare"),
+    ("Botswana", "Gaborone"), ("Namibia", "Windhoek"), ("Lesotho", "Maseru"),
+    ("Madagascar", "Antananarivo"), ("Angola", "Luanda"),
+    ("Democratic Republic of the Congo", "Kinshasa"), ("Republic of the Congo", "Brazzaville"),
+    ("Gabon", "Libreville"), ("Nigeria", "Abuja"), ("Niger", "Niamey"),
+    ("Central African Republic", "Bangui"), ("Ghana", "Accra"), ("Burkina Faso", "Ouagadougou"),
+    ("Mali", "Bamako"), ("Senegal", "Dakar"), ("Gambia", "Banjul"), ("Guinea", "Conakry"),
+    ("Sierra Leone", "Freetown"), ("Liberia", "Monrovia"), ("Mauritania", "Nouakchott"),
+    ("Cape Verde", "Praia"), ("Equatorial Guinea", "Malabo"), ("Mauritius", "Port Louis"),
+    ("Seychelles", "Victoria"), ("Comoros", "Moroni"),
+    # Americas
+    ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Cuba", "Havana"), ("Jamaica", "Kingston"),
+    ("Haiti", "Port-au-Prince"), ("Dominican Republic", "Santo Domingo"), ("Bahamas", "Nassau"),
+    ("Guatemala", "Guatemala City"), ("Panama", "Panama City"), ("Honduras", "Tegucigalpa"), ("Nicaragua", "Managua"), ("El Salvador", "San Salvador"),
+    ("Belize", "Belmopan"), ("Venezuela", "Caracas"), ("Ecuador", "Quito"), ("Peru", "Lima"),
+    ("Chile", "Santiago"), ("Argentina", "Buenos Aires"), ("Uruguay", "Montevideo"),
+    ("Guyana", "Georgetown"), ("Suriname", "Paramaribo"), ("Trinidad and Tobago", "Port of Spain"),
+    ("Barbados", "Bridgetown"), ("Saint Lucia", "Castries"), ("Dominica", "Roseau"),
+    ("Saint Vincent and the Grenadines", "Kingstown"), ("Saint Kitts and Nevis", "Basseterre"),
+    # Oceania
+    ("Australia", "Canberra"), ("New Zealand", "Wellington"), ("Fiji", "Suva"),
+    ("Papua New Guinea", "Port Moresby"), ("Samoa", "Apia"), ("Vanuatu", "Port Vila"),
+    ("Solomon Islands", "Honiara"), ("Marshall Islands", "Majuro"), ("Micronesia", "Palikir"),
+    ("Tuvalu", "Funafuti"),
 )  # fmt: skip
 
 ANTONYMS = (
@@ -57,6 +101,43 @@ ANTONYMS = (
     ("positive", "negative"), ("possible", "impossible"), ("import", "export"),
     ("entrance", "exit"), ("victory", "defeat"), ("ancient", "modern"), ("asleep", "awake"),
     ("absent", "present"),
+    ("attack", "defend"), ("borrow", "lend"), ("teach", "learn"), ("laugh", "cry"),
+    ("question", "answer"), ("lead", "follow"), ("send", "receive"), ("float", "sink"),
+    ("sit", "stand"), ("pass", "fail"), ("include", "exclude"), ("inhale", "exhale"),
+    ("internal", "external"), ("interior", "exterior"), ("inner", "outer"), ("input", "output"),
+    ("major", "minor"), ("majority", "minority"), ("superior", "inferior"),
+    ("senior", "junior"), ("horizontal", "vertical"), ("plural", "singular"),
+    ("permanent", "temporary"), ("public", "private"), ("formal", "informal"),
+    ("guilty", "innocent"), ("optimistic", "pessimistic"), ("urban", "rural"),
+    ("ascend", "descend"), ("encourage", "discourage"), ("sunrise", "sunset"),
+    ("summer", "winter"), ("floor", "ceiling"), ("correct", "incorrect"), ("past", "future"),
+    ("raw", "cooked"), ("odd", "even"), ("rough", "smooth"), ("tight", "loose"),
+    ("wise", "foolish"), ("polite", "rude"), ("near", "far"), ("here", "there"), ("yes", "no"),
+    ("all", "none"), ("everything", "nothing"), ("most", "least"), ("many", "few"),
+    ("cause", "effect"), ("profit", "loss"), ("credit", "debit"), ("wealth", "poverty"),
+    ("war", "peace"), ("joy", "sorrow"), ("pleasure", "pain"), ("hero", "villain"),
+    ("heaven", "hell"), ("angel", "devil"), ("birth", "death"), ("comedy", "tragedy"),
+    ("reward", "punishment"), ("obey", "disobey"), ("agree", "disagree"),
+    ("appear", "disappear"), ("connect", "disconnect"), ("honest", "dishonest"),
+    ("able", "unable"), ("known", "unknown"), ("fair", "unfair"), ("lucky", "unlucky"),
+    ("usual", "unusual"), ("certain", "uncertain"), ("visible", "invisible"),
+    ("legal", "illegal"), ("logical", "illogical"), ("mature", "immature"),
+    ("patient", "impatient"), ("perfect", "imperfect"), ("responsible", "irresponsible"),
+    ("regular", "irregular"), ("relevant", "irrelevant"), ("complete", "incomplete"),
+    ("direct", "indirect"), ("dependent", "independent"), ("advance", "retreat"),
+    ("forward", "backward"), ("inward", "outward"), ("upstairs", "downstairs"),
+    ("indoors", "outdoors"), ("plus", "minus"), ("add", "subtract"), ("multiply", "divide"),
+    ("addition", "subtraction"), ("attract", "repel"), ("arrival", "departure"),
+    ("dawn", "dusk"), ("morning", "evening"), ("noon", "midnight"), ("admit", "deny"),
+    ("fact", "fiction"), ("employer", "employee"), ("winner", "loser"), ("vowel", "consonant"),
+    ("predator", "prey"), ("lender", "borrower"), ("buyer", "seller"), ("landlord", "tenant"),
+    ("ancestor", "descendant"), ("mountain", "valley"), ("on", "off"), ("in", "out"),
+    ("over", "under"), ("lock", "unlock"), ("pack", "unpack"), ("tie", "untie"),
+    ("load", "unload"), ("fold", "unfold"), ("cover", "uncover"), ("wrap", "unwrap"),
+    ("arm", "disarm"), ("assemble", "disassemble"), ("approve", "disapprove"),
+    ("trust", "distrust"), ("boy", "girl"), ("husband", "wife"), ("brother", "sister"),
+    ("father", "mother"), ("king", "queen"), ("son", "daughter"), ("uncle", "aunt"),
+    ("nephew", "niece"), ("mortal", "immortal"), ("finite", "infinite"), ("sane", "insane"),
 )  # fmt: skip
 
 N_SHOTS = 3
@@ -91,7 +172,20 @@ class FewShotLookup(TemplateTask):
         others = self.pairs[:pair] + self.pairs[pair + 1 :]
         shots = unrank_arrangement(shot_index, others, N_SHOTS)
         lines = [f"{k}{self.separator} {v}" for k, v in shots] + [f"{key}{self.separator}"]
-        return Item(self.name, subtask, "\n".join(lines), answer=value)
+        cluster = "/".join(self.pairs[pair]) if self.both_directions else self.pairs[pair][0]
+        return Item(self.name, subtask, "\n".join(lines), answer=value, cluster=cluster)
+
+    def cluster_shape(self, subtask: str) -> tuple[int, int]:
+        """One cluster per table entry (both directions of an antonym pair together)."""
+        return len(self.pairs), self.space_size(subtask) // len(self.pairs)
+
+    def item_in_cluster(self, subtask: str, cluster: int, j: int) -> Item:
+        if self.both_directions:  # j = 2 * shot_index + direction
+            shot_index, reverse = divmod(j, 2)
+            q = 2 * cluster + reverse
+        else:
+            shot_index, q = j, cluster
+        return self.item_at(subtask, shot_index * self._n_queries() + q)
 
 
 def capitals() -> FewShotLookup:

@@ -10,6 +10,9 @@ digits is ignored ("45 and", "45.", "45\\n"). The check is on characters, so it 
 whether a tokenizer emits "45" as one token (GPT-2) or as "4", "5" (SmolLM2).
 `Item.answer` is the criterion written as ">YY" (e.g. ">32"), not a literal string.
 
+Clusters (`Item.cluster`, the independent unit): the two-digit start year YY, which alone
+decides the correct answers: 97 clusters of 80 items.
+
 Template space: 10 events * 8 centuries * 97 start years = 7760.
 """
 
@@ -45,7 +48,13 @@ class GreaterThan(TemplateTask):
         e, c = divmod(index, len(CENTURIES))
         yy = START_YY[y]
         prompt = PROMPT.format(event=EVENTS[e], century=CENTURIES[c], yy=yy)
-        return Item(self.name, subtask, prompt, answer=f">{yy:02d}")
+        return Item(self.name, subtask, prompt, answer=f">{yy:02d}", cluster=f"yy{yy:02d}")
+
+    def cluster_shape(self, subtask: str) -> tuple[int, int]:
+        return len(START_YY), len(EVENTS) * len(CENTURIES)
+
+    def item_in_cluster(self, subtask: str, cluster: int, j: int) -> Item:
+        return self.item_at(subtask, j * len(START_YY) + cluster)
 
     def is_correct(self, item: Item, output: str) -> bool:
         match = _TWO_DIGITS.match(output)

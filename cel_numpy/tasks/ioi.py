@@ -9,10 +9,16 @@ Scoring ("choice"): the two names, in order of first mention, each with a leadin
 iff the indirect object has the higher total log-probability. The answer sits first in ABBA and
 second in BABA, so position alone scores 50%.
 
+Clusters (`Item.cluster`, the independent unit): the two names (either order, either role) with
+the template, shared by both subtasks: 190 name pairs * 4 templates = 760 clusters of 2 * 64
+items per subtask.
+
 Template space per subtask: 20 * 19 ordered name pairs * 4 templates * 8 places * 8 objects = 97280.
 """
 
 from __future__ import annotations
+
+import itertools
 
 from cel_numpy.tasks.base import Item
 from cel_numpy.tasks.template import TemplateTask
@@ -29,6 +35,7 @@ TEMPLATES = (
 )
 PLACES = ("store", "park", "school", "office", "station", "restaurant", "hospital", "garden")
 OBJECTS = ("drink", "book", "ball", "bag", "ring", "letter", "kiss", "basketball")
+NAME_PAIRS = tuple(itertools.combinations(range(len(NAMES)), 2))  # unordered, by table index
 
 
 class IndirectObject(TemplateTask):
@@ -36,6 +43,7 @@ class IndirectObject(TemplateTask):
     scoring = "choice"
     max_new_tokens = 2
     subtasks = ("ABBA", "BABA")
+    shared_clusters = True  # a name pair and template is one unit in both name orders
 
     def space_size(self, subtask: str) -> int:
         return len(NAMES) * (len(NAMES) - 1) * len(TEMPLATES) * len(PLACES) * len(OBJECTS)
@@ -51,6 +59,18 @@ class IndirectObject(TemplateTask):
         prompt = TEMPLATES[t].format(
             A=first, B=second, S=NAMES[s], place=PLACES[p], object=OBJECTS[o]
         )
+        x, y = sorted((io, s))
         return Item(
-            self.name, subtask, prompt, answer=" " + NAMES[io], choices=(" " + first, " " + second)
-        )
+            self.name, subtask, prompt, answer=" " + NAMES[io], choices=(" " + first, " " + second),
+            cluster=f"{NAMES[x]}/{NAMES[y]}/t{t}",
+        )  # fmt: skip
+
+    def cluster_shape(self, subtask: str) -> tuple[int, int]:
+        return len(NAME_PAIRS) * len(TEMPLATES), 2 * len(PLACES) * len(OBJECTS)
+
+    def item_in_cluster(self, subtask: str, cluster: int, j: int) -> Item:
+        pair, t = divmod(cluster, len(TEMPLATES))
+        swap, po = divmod(j, len(PLACES) * len(OBJECTS))
+        io, s = NAME_PAIRS[pair][::-1] if swap else NAME_PAIRS[pair]
+        k = io * (len(NAMES) - 1) + s - (s > io)
+        return self.item_at(subtask, (po * len(TEMPLATES) + t) * len(NAMES) * (len(NAMES) - 1) + k)

@@ -1,14 +1,31 @@
-"""Discovery and held-out panels: disjoint, de-duplicated, deterministic for a seed.
+"""Discovery and held-out panels: disjoint by cluster, de-duplicated, deterministic for a seed.
 
-For a `TemplateTask` (finite indexed space per subtask) each panel has equal subtask shares,
-remainders going to the first subtasks in order (held-out continuing where discovery stopped).
-The items of one subtask for both panels are one draw of distinct indices without replacement
-(`rng.choice(space_size, q, replace=False)`), so the two panels cannot overlap; the largest
-accepted request is n_discovery + n_heldout = K * (smallest subtask space).
+Items of one cluster (`Item.cluster`: the same country, antonym pair, subject noun...) are not
+independent evidence, so a cluster belongs to one panel only: the discovery and held-out panels
+share no cluster (asserted here, tested for every task), and the held-out test treats the
+cluster as its unit (`cel_numpy.localize.stats`).
 
-Any other object following the `Task` protocol is served by drawing `task.sample` in rounds
-and keeping first occurrences of each `Item.id`, giving up (with an error) after a fixed
-number of rounds that add nothing new.
+For a `TemplateTask` (finite indexed space per subtask, clusters by `cluster_shape` and
+`item_in_cluster`) each panel has equal subtask shares, remainders going to the first subtasks
+in order (held-out continuing where discovery stopped). Clusters:
+
+    1. min(C, n_discovery + n_heldout) distinct clusters are drawn (`rng.choice`, no
+       replacement) and split in proportion to the two panel sizes, at least one each: with
+       enough clusters every item has a cluster of its own; with fewer (capitals has 152
+       countries) the two panels hold about the same number of items per cluster.
+       With `shared_clusters` the draw is one for all subtasks, otherwise one per subtask.
+    2. A panel's items of a subtask are spread over its clusters round-robin (sizes differ by at
+       most one, continuing across subtasks), and each cluster's items are distinct indices
+       within it (`rng.choice` again).
+
+For example capitals (152 clusters), discovery 100 + held-out 300: 38 and 114 clusters, 2-3
+items per country in discovery and 2-3 in held-out; 20 + 300: 10 and 142 clusters.
+`panel_layout(task, n_discovery, n_heldout)` gives these numbers for any request.
+
+Any other object following the `Task` protocol (the theory tasks) is served by drawing
+`task.sample` in rounds and keeping first occurrences of each `Item.id`, an item going to the
+panel its cluster is already in (a new cluster: discovery until it is full), giving up (with an
+error) after a fixed number of rounds that add nothing new.
 """
 
 from __future__ import annotations
@@ -40,7 +57,7 @@ def _shares(n: int, k: int, start: int) -> list[int]:
 def make_panels(
     task: Task, n_discovery: int, n_heldout: int, seed: int
 ) -> tuple[list[Item], list[Item]]:
-    """(discovery, heldout): n_discovery and n_heldout distinct items, no item in both."""
+    """(discovery, heldout): n_discovery and n_heldout distinct items, no cluster in both."""
     for label, n in (("n_discovery", n_discovery), ("n_heldout", n_heldout)):
         if not isinstance(n, (int, np.integer)) or n < 1:
             raise OptionError(
@@ -56,8 +73,40 @@ def make_panels(
     assert len(set(ids_d)) == len(ids_d) and len(set(ids_h)) == len(ids_h), (
         "duplicate item inside a panel"
     )
-    assert not set(ids_d) & set(ids_h), "discovery and held-out panels share an item"
+    assert not {it.cluster for it in discovery} & {it.cluster for it in heldout}, (
+        "discovery and held-out panels share a cluster"
+    )
     return discovery, heldout
+
+
+def split_clusters(n_clusters: int, n_d: int, n_h: int) -> tuple[int, int]:
+    """(clusters for discovery, clusters for held-out): min(C, n_d + n_h) in proportion to n_d : n_h."""
+    total = min(n_clusters, n_d + n_h)
+    if total < 2:
+        raise OptionError(
+            f"{n_clusters} cluster(s): a discovery and a held-out panel need at least one each"
+        )
+    c_d = min(max(1, round(total * n_d / (n_d + n_h))), n_d, total - 1)
+    c_h = min(total - c_d, n_h)
+    return c_d, c_h
+
+
+def panel_layout(task: TemplateTask, n_discovery: int, n_heldout: int) -> dict:
+    """How many clusters each panel of a template task gets, and how many items per cluster."""
+    if task.shared_clusters:
+        c_d, c_h = split_clusters(task.cluster_shape(task.subtasks[0])[0], n_discovery, n_heldout)
+    else:
+        k = len(task.subtasks)
+        share_d, share_h = _shares(n_discovery, k, 0), _shares(n_heldout, k, n_discovery % k)
+        splits = [
+            split_clusters(task.cluster_shape(s)[0], q_d, q_h) if q_d and q_h else (q_d, q_h)
+            for s, q_d, q_h in zip(task.subtasks, share_d, share_h)
+        ]
+        c_d, c_h = sum(x for x, _ in splits), sum(y for _, y in splits)
+    return {
+        "discovery": {"items": n_discovery, "clusters": c_d},
+        "heldout": {"items": n_heldout, "clusters": c_h},
+    }
 
 
 def _template_panels(task: TemplateTask, n_d: int, n_h: int, rng: np.random.Generator):
@@ -72,39 +121,85 @@ def _template_panels(task: TemplateTask, n_d: int, n_h: int, rng: np.random.Gene
     share_d = _shares(n_d, k, start=0)
     share_h = _shares(n_h, k, start=n_d % k)
     per_subtask_d, per_subtask_h = [], []
-    for subtask, q_d, q_h in zip(task.subtasks, share_d, share_h):
-        indices = rng.choice(task.space_size(subtask), q_d + q_h, replace=False)
-        items = [task.item_at(subtask, int(i)) for i in indices]
-        per_subtask_d.append(items[:q_d])
-        per_subtask_h.append(items[q_d:])
+    if task.shared_clusters:
+        shapes = {task.cluster_shape(s)[0] for s in task.subtasks}
+        assert len(shapes) == 1, f"{task.name}: shared clusters need one cluster count"
+        c_d, c_h = split_clusters(shapes.pop(), n_d, n_h)
+        chosen = rng.choice(task.cluster_shape(task.subtasks[0])[0], c_d + c_h, replace=False)
+        clusters_d, clusters_h = chosen[:c_d], chosen[c_d:]
+        cursor_d = cursor_h = 0
+        for subtask, q_d, q_h in zip(task.subtasks, share_d, share_h):
+            per_subtask_d.append(_draw(task, subtask, clusters_d, q_d, cursor_d, rng, "discovery"))
+            per_subtask_h.append(_draw(task, subtask, clusters_h, q_h, cursor_h, rng, "held-out"))
+            cursor_d, cursor_h = cursor_d + q_d, cursor_h + q_h
+    else:
+        for subtask, q_d, q_h in zip(task.subtasks, share_d, share_h):
+            n_clusters = task.cluster_shape(subtask)[0]
+            if q_d and q_h:
+                c_d, c_h = split_clusters(n_clusters, q_d, q_h)
+            else:
+                c_d, c_h = q_d, q_h
+            chosen = rng.choice(n_clusters, c_d + c_h, replace=False)
+            per_subtask_d.append(_draw(task, subtask, chosen[:c_d], q_d, 0, rng, "discovery"))
+            per_subtask_h.append(_draw(task, subtask, chosen[c_d:], q_h, 0, rng, "held-out"))
     return _interleave(per_subtask_d), _interleave(per_subtask_h)
 
 
+def _draw(task, subtask, clusters, q, start, rng, panel) -> list[Item]:
+    """q distinct items of `subtask` spread round-robin over `clusters`, starting at `start`."""
+    if q == 0:
+        return []
+    n = len(clusters)
+    counts = [q // n + (((i - start) % n) < q % n) for i in range(n)]
+    size = task.cluster_shape(subtask)[1]
+    if max(counts) > size:
+        raise OptionError(
+            f"task {task.name!r}: the {panel} panel has {n} clusters of {size} {subtask} items, "
+            f"too few for {q} of them (items that share a query stay in one panel): ask for fewer"
+        )
+    columns = []
+    for c, count in zip(clusters, counts):
+        js = range(size) if count == size else rng.choice(size, count, replace=False)
+        columns.append([task.item_in_cluster(subtask, int(c), int(j)) for j in js])
+    return _interleave(columns) if columns else []
+
+
 def _interleave(groups: list[list[Item]]) -> list[Item]:
-    """Round-robin over subtasks, so any prefix of a panel is close to balanced."""
+    """Round-robin over groups (subtasks, clusters), so any prefix of a panel is close to balanced."""
     out = []
-    for j in range(max(len(g) for g in groups)):
+    for j in range(max((len(g) for g in groups), default=0)):
         out.extend(g[j] for g in groups if j < len(g))
     return out
 
 
 def _sampled_panels(task: Task, n_d: int, n_h: int, rng: np.random.Generator):
     wanted = n_d + n_h
-    seen: dict[str, Item] = {}
+    seen: set[str] = set()
+    discovery: list[Item] = []
+    heldout: list[Item] = []
+    home: dict[str, list[Item]] = {}  # cluster -> the panel it belongs to
     stalled = 0
-    while len(seen) < wanted:
-        before = len(seen)
-        for item in task.sample(rng, wanted - len(seen)):
-            seen.setdefault(item.id, item)
-        stalled = stalled + 1 if len(seen) == before else 0
+    while len(discovery) + len(heldout) < wanted:
+        before = len(discovery) + len(heldout)
+        for item in task.sample(rng, wanted - before):
+            if item.id in seen:
+                continue
+            panel = home.get(item.cluster)
+            if panel is None:
+                panel = discovery if len(discovery) < n_d else heldout
+                home[item.cluster] = panel
+            if len(panel) < (n_d if panel is discovery else n_h):
+                seen.add(item.id)
+                panel.append(item)
+        stalled = stalled + 1 if len(discovery) + len(heldout) == before else 0
         if stalled >= _FALLBACK_STALL_ROUNDS:
+            found = len(discovery) + len(heldout)
             raise OptionError(
                 f"task {task.name!r}: asked for {n_d} + {n_h} = {wanted} distinct items, but "
-                f"{_FALLBACK_STALL_ROUNDS} rounds of sampling found no new item past {len(seen)}; "
-                f"the maximum appears to be {len(seen)}"
+                f"{_FALLBACK_STALL_ROUNDS} rounds of sampling found no new item past {found}; "
+                f"the maximum appears to be {found}"
             )
-    items = list(seen.values())[:wanted]
-    return items[:n_d], items[n_d:]
+    return discovery, heldout
 
 
 def panel_hash(items: list[Item]) -> str:

@@ -6,6 +6,12 @@ distinct indices give distinct `Item.id`s). Drawing distinct items is then drawi
 integers, which is what `make_panels` does; `sample` draws with replacement, equal shares per
 subtask (item i belongs to subtask i mod K).
 
+Clusters (the independent units, `Item.cluster`): subtask s has `cluster_shape(s) = (C, m)`, C
+clusters of m items each, and `item_in_cluster(s, c, j)` (j < m) is a second indexing of the same
+space, cluster by cluster. The default is one item per cluster. `shared_clusters = True` says that
+cluster c is the same unit in every subtask (agreement's subject noun "key" in "The key ..." and
+"The keys ..."), so a panel takes it whole across subtasks.
+
 Scoring helpers are tokenizer-independent: they look at strings, never at token ids.
 """
 
@@ -33,6 +39,18 @@ class TemplateTask:
 
     def item_at(self, subtask: str, index: int) -> Item:
         raise NotImplementedError
+
+    shared_clusters: bool = False
+
+    def cluster_shape(self, subtask: str) -> tuple[int, int]:
+        """(number of clusters, items per cluster) of a subtask; default: each item its own cluster."""
+        return self.space_size(subtask), 1
+
+    def item_in_cluster(self, subtask: str, cluster: int, j: int) -> Item:
+        """The j-th item of the cluster-th cluster of a subtask (default: singleton clusters)."""
+        if j != 0:
+            raise IndexError(f"{self.name}/{subtask}: clusters hold one item, got j = {j}")
+        return self.item_at(subtask, cluster)
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Item]:
         """n items drawn uniformly with replacement; item i is from subtask i mod K."""
