@@ -8,25 +8,48 @@ Every example falls in one cell of a 2x2 table (intact correct?, ablated correct
 
 gain = rescued - damaged (a count); as a rate, (b - c) / n = p_ablated - p_intact.
 
-Test: exact McNemar, i.e. the two-sided binomial test of `rescued` out of the `rescued + damaged`
-discordant examples against 1/2 (`scipy.stats.binomtest`); p = 1 when there are no discordant pairs.
+Items are not always independent: items of one cluster (`Item.cluster`: the same country, the
+same antonym pair...) share what makes them easy or hard. The held-out statistics therefore take
+the cluster as the unit (`clustered_summary`):
 
-Interval: Newcombe's hybrid score interval for a difference of paired proportions (Newcombe
-1998, Stat Med 17:2635, method 10). Why this one: it combines the two Wilson score intervals of
-the marginal accuracies with the observed correlation phi of the pairs (the "square and add" /
-MOVER construction), stays inside [-1, 1], behaves at 0 or n discordant pairs where the Wald
-interval collapses to a point, and has coverage close to nominal at the panel sizes we use
-(hundreds), unlike the exact conditional interval, which ignores the randomness of the
-discordant count. With phi = 0 it is exactly Newcombe's method 10 for independent proportions,
-whose published worked example (56/70 vs 48/80 -> 0.0524 to 0.3339) the tests reproduce.
+Primary test: sign-flip permutation test of the per-cluster net gains g_c = rescued_c -
+    damaged_c. Under the null hypothesis that removing the heads changes nothing, intact and
+    ablated are exchangeable within a cluster, so each g_c is as likely as -g_c; the two-sided
+    p-value is the share of the 2^m sign patterns (m = clusters with g_c != 0) whose |sum|
+    reaches the observed |sum|. It is exact: enumerated up to 2^20 patterns, above that counted
+    by convolving the distributions of the integer terms +-g_c (the same 2^m patterns, counted
+    without listing them). Seeded Monte Carlo with its standard error is the path for
+    non-integer statistics (`sign_flip_test(..., method="monte-carlo")`). With one item per
+    cluster the g_c are the +-1 discordant items and the test is the exact McNemar test.
+Interval: cluster bootstrap (seeded) of the gain rate sum(g_c) / sum(n_c), percentile 95%.
+Secondary, item-level: exact McNemar (the two-sided binomial test of `rescued` out of the
+    `rescued + damaged` discordant examples at 1/2; p = 1 without discordant pairs) and
+    Newcombe's paired interval.
+
+Newcombe's hybrid score interval for a difference of paired proportions (Newcombe 1998, Stat
+Med 17:2635-2650, method 10; the form in Fagerland, Lydersen and Laake, Statistical Analysis
+of Contingency Tables, 2017, chapter 8): the Wilson score intervals of the two marginal
+accuracies combined by "square and add" with the correlation phi of the pairs, where
+phi = (ad - bc - n/2) / sqrt((a+b)(c+d)(a+c)(b+d)) if ad - bc > n/2, 0 if 0 <= ad - bc <= n/2,
+and (ad - bc) / sqrt(...) if ad - bc < 0 (the continuity correction: without it the interval is
+too narrow on small tables). It stays inside [-1, 1] and behaves at 0 or n discordant pairs.
+
+Several tests at once (`holm`): Holm's step-down adjustment, used across the primary tests of a
+multi-run summary.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from scipy import stats
+
+EXACT_LIMIT = 2**20  # sign patterns enumerated one by one; above, counted by convolution
+N_BOOTSTRAP = 10_000
+N_MONTE_CARLO = 100_000
 
 
 def wilson_interval(x: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
@@ -63,7 +86,13 @@ def newcombe_paired_interval(a: int, b: int, c: int, d: int) -> tuple[float, flo
     l1, u1 = wilson_interval(a + b, n)
     l2, u2 = wilson_interval(a + c, n)
     denom = (a + b) * (c + d) * (a + c) * (b + d)
-    phi = (a * d - b * c) / math.sqrt(denom) if denom > 0 else 0.0
+    cross = a * d - b * c
+    if denom == 0 or 0 <= cross <= n / 2:
+        phi = 0.0
+    elif cross > n / 2:
+        phi = (cross - n / 2) / math.sqrt(denom)
+    else:
+        phi = cross / math.sqrt(denom)
     return mover_difference(p1, l1, u1, p2, l2, u2, phi)
 
 
@@ -116,3 +145,194 @@ def paired_summary(intact: list[bool], ablated: list[bool]) -> PairedSummary:
         ci_high=hi,
         p_value=mcnemar_exact(b, c),
     )
+
+
+# --------------------------------------------------------------------------- clusters as the unit
+
+
+@dataclass(frozen=True)
+class SignFlipResult:
+    p_value: float
+    method: str  # "exact" | "monte-carlo"
+    n_nonzero: int  # clusters with a nonzero net gain (the others cannot change the statistic)
+    n_patterns: int  # sign patterns counted (2^n_nonzero) or drawn (Monte Carlo)
+    se: float  # Monte Carlo standard error of p (0 when exact)
+    seed: int | None  # Monte Carlo seed (None when exact)
+
+
+def sign_flip_test(
+    gains: Sequence[float],
+    *,
+    method: str = "auto",
+    exact_limit: int = EXACT_LIMIT,
+    n_resamples: int = N_MONTE_CARLO,
+    seed: int = 0,
+) -> SignFlipResult:
+    """Two-sided sign-flip permutation test of sum(gains) = 0 (see the module docstring).
+
+    method "auto": exact (enumeration up to `exact_limit` patterns; integer gains above it by
+    convolution; other gains above it by Monte Carlo); "exact": enumeration or convolution,
+    whatever the size; "monte-carlo": `n_resamples` random patterns from `seed`, p =
+    (1 + hits) / (1 + n_resamples), with its binomial standard error.
+    """
+    if method not in ("auto", "exact", "monte-carlo"):
+        raise ValueError(f"method must be auto, exact or monte-carlo, got {method!r}")
+    g = np.asarray([x for x in gains if x != 0], dtype=np.float64)  # (m,)
+    m = len(g)
+    if m == 0:
+        return SignFlipResult(1.0, "exact", 0, 1, 0.0, None)
+    observed = abs(float(g.sum()))
+    tol = 1e-9 * max(1.0, float(np.abs(g).sum()))  # float sums of the same terms may differ by ulps
+    integer = bool(np.all(g == np.round(g)))
+    if method == "monte-carlo" or (method == "auto" and 2**m > exact_limit and not integer):
+        rng = np.random.default_rng(seed)
+        hits, done = 0, 0
+        while done < n_resamples:
+            k = min(n_resamples - done, max(1, 2**22 // m))
+            signs = rng.integers(0, 2, size=(k, m), dtype=np.int8) * 2 - 1  # (k, m)
+            hits += int(np.count_nonzero(np.abs(signs @ g) >= observed - tol))
+            done += k
+        p = (1 + hits) / (1 + n_resamples)
+        se = math.sqrt(p * (1 - p) / n_resamples)
+        return SignFlipResult(min(1.0, p), "monte-carlo", m, n_resamples, se, int(seed))
+    if 2**m <= exact_limit:
+        p = _enumerate_sign_flips(g, observed, tol)
+    elif integer:
+        p = _convolve_sign_flips(g.astype(np.int64), int(round(observed)))
+    else:
+        raise ValueError(
+            f"exact sign-flip test of {m} non-integer gains needs 2^{m} patterns; use monte-carlo"
+        )
+    return SignFlipResult(min(1.0, p), "exact", m, 2**m, 0.0, None)
+
+
+def _enumerate_sign_flips(g: np.ndarray, observed: float, tol: float) -> float:
+    """Share of the 2^m sign patterns with |sum| >= observed, listed in blocks of patterns."""
+    m = len(g)
+    low, high = g[: min(m, 10)], g[min(m, 10) :]
+
+    def sums(part):  # every signed sum of `part`, (2^len,)
+        bits = (np.arange(2 ** len(part))[:, None] >> np.arange(len(part))) & 1
+        return (bits * 2 - 1) @ part
+
+    s_low, s_high = sums(low), sums(high) if len(high) else np.zeros(1)
+    total = s_low[:, None] + s_high[None, :]  # (2^a, 2^b) every pattern once
+    return float(np.count_nonzero(np.abs(total) >= observed - tol)) / total.size
+
+
+def _convolve_sign_flips(g: np.ndarray, observed: int) -> float:
+    """P(|sum of +-g_c| >= observed) for integer g_c, by convolving the two-point distributions."""
+    reach = int(np.abs(g).sum())
+    prob = np.zeros(2 * reach + 1)  # prob[s + reach] = P(sum = s)
+    prob[reach] = 1.0
+    for x in np.abs(g):
+        x = int(x)
+        prob = 0.5 * (np.roll(prob, x) + np.roll(prob, -x))  # no wrap: |sum| <= reach throughout
+    values = np.arange(-reach, reach + 1)
+    return float(prob[np.abs(values) >= observed].sum())
+
+
+def cluster_bootstrap_interval(
+    gains: Sequence[float],
+    sizes: Sequence[int],
+    *,
+    n_resamples: int = N_BOOTSTRAP,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float, float]:
+    """Percentile interval of sum(gains) / sum(sizes) over clusters resampled with replacement."""
+    g = np.asarray(gains, dtype=np.float64)  # (C,)
+    n = np.asarray(sizes, dtype=np.float64)  # (C,)
+    if len(g) != len(n) or len(g) == 0:
+        raise ValueError(f"need one size per cluster, got {len(g)} gains and {len(n)} sizes")
+    rng = np.random.default_rng(seed)
+    rates = np.empty(n_resamples)
+    step = max(1, 2**22 // len(g))
+    for start in range(0, n_resamples, step):
+        idx = rng.integers(0, len(g), size=(min(step, n_resamples - start), len(g)))  # (k, C)
+        rates[start : start + len(idx)] = g[idx].sum(axis=1) / n[idx].sum(axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(rates, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class ClusteredSummary:
+    n: int
+    n_clusters: int
+    intact_correct: int
+    correct: int  # ablated
+    rescued: int
+    damaged: int
+    gain: int
+    gain_rate: float
+    p_value: float  # primary: cluster sign-flip test
+    p_method: str  # "exact" | "monte-carlo"
+    p_se: float  # Monte Carlo standard error (0 when exact)
+    ci_low: float  # primary: cluster bootstrap 95% interval of gain_rate
+    ci_high: float
+    bootstrap_seed: int
+    item_p_value: float  # secondary: exact McNemar on items
+    item_ci_low: float  # secondary: Newcombe's paired 95% interval on items
+    item_ci_high: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def cluster_gains(
+    clusters: Sequence[str], intact: Sequence[bool], ablated: Sequence[bool]
+) -> tuple[list[int], list[int]]:
+    """(net gain per cluster, items per cluster), clusters in order of first appearance."""
+    if not len(clusters) == len(intact) == len(ablated):
+        raise ValueError(
+            f"paired data of different lengths: {len(clusters)} clusters, {len(intact)} intact, "
+            f"{len(ablated)} ablated"
+        )
+    gain: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for c, i, j in zip(clusters, intact, ablated):
+        gain[c] = gain.get(c, 0) + int(bool(j)) - int(bool(i))
+        size[c] = size.get(c, 0) + 1
+    return list(gain.values()), list(size.values())
+
+
+def clustered_summary(
+    clusters: Sequence[str], intact: Sequence[bool], ablated: Sequence[bool], *, seed: int = 0
+) -> ClusteredSummary:
+    """Held-out statistics of one condition: the cluster as the unit, items as secondary."""
+    item = paired_summary(list(intact), list(ablated))
+    gains, sizes = cluster_gains(clusters, intact, ablated)
+    test = sign_flip_test(gains, seed=seed)
+    lo, hi = cluster_bootstrap_interval(gains, sizes, seed=seed)
+    return ClusteredSummary(
+        n=item.n,
+        n_clusters=len(gains),
+        intact_correct=item.intact_correct,
+        correct=item.correct,
+        rescued=item.rescued,
+        damaged=item.damaged,
+        gain=item.gain,
+        gain_rate=item.gain_rate,
+        p_value=test.p_value,
+        p_method=test.method,
+        p_se=test.se,
+        ci_low=lo,
+        ci_high=hi,
+        bootstrap_seed=int(seed),
+        item_p_value=item.p_value,
+        item_ci_low=item.ci_low,
+        item_ci_high=item.ci_high,
+    )
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error), in the input order."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
