@@ -18,9 +18,12 @@ DESCRIPTION = """\
 Find sparse sets of attention heads whose removal improves a task (docs/design.md#protocol):
 baseline (intact twice, must agree), screen (every head alone), joint (pairs and triples of the
 top-10 nominees: 175 candidates), confirm (top-10 finalists, fresh intact comparator),
-heldout (disjoint panel: exact McNemar test, 95%% interval), crosstask (the finalists on every
-other task), report (report.json, report.md, figures). Every stage is resumable: rerun the
-same command to continue; finished stages are validated, never silently redone.
+heldout (a panel sharing no cluster -- country, antonym pair, subject noun... -- with discovery:
+cluster sign-flip test and cluster bootstrap interval, item-level McNemar as secondary), nulls
+(with --null-sets N: random head sets of the rank-1 size on held-out), crosstask (the finalists
+on every other task, exploratory), report (report.json, report.md, figures). Every stage is
+resumable: rerun the same command to continue; finished stages are validated, never silently
+redone.
 
 --model theory trains the theory model (docs/design.md#theory-world, default config, --theory-seed) and
 runs the routine on task A (or B); an example is correct iff |y_hat - y| < --tau.
@@ -125,6 +128,29 @@ def register(subparsers) -> None:
         default=30,
         metavar="K",
         help="with --screen gradient: heads screened exactly (default 30, at least 10)",
+    )
+    p.add_argument(
+        "--tie-break",
+        choices=("logprob", "coordinates"),
+        default="logprob",
+        help="ties in (gain, damaged, correct, set size): logprob (default) ranks first the "
+        "condition that raises the reference answer's mean log-probability most, then head "
+        "coordinates; coordinates: head coordinates only (the released rule)",
+    )
+    p.add_argument(
+        "--null-sets",
+        type=int,
+        default=0,
+        metavar="N",
+        help="evaluate N random head sets of the rank-1 set's size on the held-out panel and "
+        "report the rank-1 set's percentile among them (default 0: none; README runs use 50)",
+    )
+    p.add_argument(
+        "--null-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seed of the null sets (default: the panel --seed); recorded in the manifest",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
@@ -385,6 +411,10 @@ def check_options(args) -> None:
         raise OptionError(
             "--screen gradient needs a language model (its backward pass); use --screen exact with theory"
         )
+    if args.null_sets < 0 or (args.null_seed is not None and args.null_seed < 0):
+        raise OptionError(
+            f"--null-sets and --null-seed must be >= 0 (got {args.null_sets}, {args.null_seed})"
+        )
     if args.candidates < 10:
         raise OptionError(
             f"--candidates must be >= 10 (the number of nominees), got {args.candidates}"
@@ -448,6 +478,9 @@ def run(args) -> int:
         command="cel-numpy " + " ".join(sys.argv[1:]),
         screen=args.screen,
         n_candidates=args.candidates,
+        tie_break=args.tie_break,
+        null_sets=args.null_sets,
+        null_seed=args.null_seed,
     )
     try:
         results = loc.run(args.stage)
@@ -468,12 +501,12 @@ def run(args) -> int:
         if executor is not None:
             executor.shutdown()
     if "report" in results:
+        from cel_numpy.localize.report import fmt_heldout, fmt_nulls
+
         p = results["report"]["primary"]
-        ho = p["heldout"]
-        print(
-            f"rank 1: {p['name']}  held-out gain {ho['gain']:+d}/{ho['n']} = {ho['gain_rate']:+.3f} "
-            f"[{ho['ci_low']:+.3f}, {ho['ci_high']:+.3f}], exact McNemar p = {ho['p_value']:.3g}"
-        )
+        print(f"rank 1: {p['name']}  held-out: {fmt_heldout(p['heldout'])}")
+        if p.get("nulls"):
+            print(f"null sets: {fmt_nulls(p['nulls'], p['heldout']['gain'])}")
         print(f"report: {Path(args.out) / 'report.md'}")
     else:
         print(f"stages up to {args.stage} done in {args.out}")

@@ -1,27 +1,41 @@
 """Ranking, nomination and the joint-search enumeration (docs/design.md#ranking-and-tie-breaks), as pure functions.
 
 Per condition, against the intact comparator on the same examples:
-    rescued = became correct, damaged = became wrong, gain = rescued - damaged, correct = # right.
+    rescued = became correct, damaged = became wrong, gain = rescued - damaged, correct = # right,
+    logprob_change = mean over the items of the change of the reference answer's log-probability
+                     (`ExampleResult.ref_logprob`, condition minus intact; None if not recorded).
 
-    singletons:  sort by (-gain, damaged, -correct, heads)
-    joint:       sort by (-gain, damaged, -correct, len(heads), heads)   (fewer heads first on ties)
+    singletons:  sort by (-gain, damaged, -correct, [-logprob_change,] heads)
+    joint:       sort by (-gain, damaged, -correct, len(heads), [-logprob_change,] heads)
 
-`heads` is the sorted tuple of (layer, head) pairs, so the last tie-break is lexicographic by
-layer then head. The top 10 singletons are the nominees; the joint search evaluates every pair
-and triple of nominees (45 + 120) and ranks them with the 10 nominee singletons (reused from
-the screen): 175 candidates. The top 10 are the finalists.
+The released protocol (`tie_break="coordinates"`) breaks the remaining ties by `heads`, the
+sorted tuple of (layer, head) pairs (lexicographic by layer then head). On small discovery
+panels whole groups tie on the integer counts, and the coordinates then choose the heads, which
+carries no information. The informed tie-break (`tie_break="logprob"`, the routine's default)
+puts the continuous logprob_change first among equals: the condition that raises the reference
+answer's log-probability most ranks first; coordinates only decide exact ties of that too (or
+when an evaluator records no log-probabilities). `decided_by` counts, for the top slots of a
+ranking, which key separated each slot from the next candidate.
+
+The top 10 singletons are the nominees; the joint search evaluates every pair and triple of
+nominees (45 + 120) and ranks them with the 10 nominee singletons (reused from the screen): 175
+candidates. The top 10 are the finalists.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from cel_numpy.localize.conditions import Condition, Head, normalize_condition
 
 N_NOMINEES = 10
 N_FINALISTS = 10
+TIE_BREAKS = ("logprob", "coordinates")
 
 
 @dataclass(frozen=True)
@@ -30,26 +44,69 @@ class Scored:
     correct: int
     rescued: int
     damaged: int
+    logprob_change: float | None = None  # mean change of the reference answer's log-probability
 
     @property
     def gain(self) -> int:
         return self.rescued - self.damaged
 
 
-def singleton_key(s: Scored):
-    return (-s.gain, s.damaged, -s.correct, s.heads)
+def _check(tie_break: str) -> None:
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}")
 
 
-def joint_key(s: Scored):
-    return (-s.gain, s.damaged, -s.correct, len(s.heads), s.heads)
+def _informed(s: Scored) -> float:
+    """Larger increases first; a condition without a recorded change sorts after those with one."""
+    if s.logprob_change is None or math.isnan(s.logprob_change):
+        return math.inf
+    return -s.logprob_change
 
 
-def rank_singletons(scored: Sequence[Scored]) -> list[Scored]:
-    return sorted(scored, key=singleton_key)
+def key_names(joint: bool, tie_break: str = "coordinates") -> tuple[str, ...]:
+    """Names of the components of `singleton_key` / `joint_key`, in order."""
+    _check(tie_break)
+    names = ["gain", "damaged", "correct"] + (["set size"] if joint else [])
+    return tuple(names + (["logprob"] if tie_break == "logprob" else []) + ["coordinates"])
 
 
-def rank_joint(scored: Sequence[Scored]) -> list[Scored]:
-    return sorted(scored, key=joint_key)
+def singleton_key(s: Scored, tie_break: str = "coordinates"):
+    _check(tie_break)
+    informed = (_informed(s),) if tie_break == "logprob" else ()
+    return (-s.gain, s.damaged, -s.correct, *informed, s.heads)
+
+
+def joint_key(s: Scored, tie_break: str = "coordinates"):
+    _check(tie_break)
+    informed = (_informed(s),) if tie_break == "logprob" else ()
+    return (-s.gain, s.damaged, -s.correct, len(s.heads), *informed, s.heads)
+
+
+def rank_singletons(scored: Sequence[Scored], tie_break: str = "coordinates") -> list[Scored]:
+    return sorted(scored, key=lambda s: singleton_key(s, tie_break))
+
+
+def rank_joint(scored: Sequence[Scored], tie_break: str = "coordinates") -> list[Scored]:
+    return sorted(scored, key=lambda s: joint_key(s, tie_break))
+
+
+def decided_by(
+    ranked: Sequence[Scored], k: int, joint: bool, tie_break: str = "coordinates"
+) -> dict[str, int]:
+    """For each of the top-k slots of `ranked`: the first key component in which its occupant
+    differs from the next-ranked candidate (the one it had to beat). Counts per component name;
+    the last candidate of a list no longer than k has no competitor ("uncontested")."""
+    key = joint_key if joint else singleton_key
+    names = key_names(joint, tie_break)
+    counts = {name: 0 for name in names}
+    for i in range(min(k, len(ranked))):
+        if i + 1 >= len(ranked):
+            counts["uncontested"] = counts.get("uncontested", 0) + 1
+            continue
+        this, nxt = key(ranked[i], tie_break), key(ranked[i + 1], tie_break)
+        j = next(j for j, (x, y) in enumerate(zip(this, nxt)) if x != y)
+        counts[names[j]] += 1
+    return counts
 
 
 def all_heads(n_layers: int, n_heads: int) -> list[Head]:
@@ -76,3 +133,27 @@ def joint_enumeration(nominated: Sequence[Head]) -> tuple[list[Condition], list[
     pairs = [normalize_condition(c) for c in itertools.combinations(heads, 2)]
     triples = [normalize_condition(c) for c in itertools.combinations(heads, 3)]
     return singles, pairs + triples
+
+
+def draw_null_sets(
+    n_layers: int, n_heads: int, size: int, n_sets: int, seed: int, exclude: Condition
+) -> list[Condition]:
+    """n_sets distinct random head sets of `size` heads (uniform over all heads, without
+    replacement within a set), never `exclude` (the primary set), reproducible from `seed`."""
+    heads = all_heads(n_layers, n_heads)
+    n_possible = math.comb(len(heads), size) - (len(exclude) == size)
+    if n_sets > n_possible:
+        raise ValueError(
+            f"asked for {n_sets} null sets of {size} heads; a model of {len(heads)} heads has "
+            f"only {n_possible} other sets of that size"
+        )
+    rng = np.random.default_rng(seed)
+    out: list[Condition] = []
+    seen = {normalize_condition(exclude)}
+    while len(out) < n_sets:
+        pick = rng.choice(len(heads), size, replace=False)
+        cond = normalize_condition(heads[int(i)] for i in pick)
+        if cond not in seen:
+            seen.add(cond)
+            out.append(cond)
+    return out

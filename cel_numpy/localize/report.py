@@ -1,12 +1,16 @@
-"""report.json (machine-readable), report.md (for people) and three figures, from a finished run.
+"""report.json (machine-readable), report.md (for people) and figures, from a finished run.
 
 Figures (matplotlib, imported here only, Agg backend):
     singletons.png  layer x head heatmap of singleton gains (rate) on discovery; nominees boxed
     finalists.png   each finalist's gain on discovery (vs the baseline) and on held-out, 95% intervals
     crosstask.png   each finalist's held-out gain on the target task and its gain on every other task
+    nulls.png       held-out gains of the random null sets, the rank-1 set's gain marked (--null-sets)
 
-Gains in the report are rates, (rescued - damaged) / n, with Newcombe's paired 95% interval and
-the exact McNemar p-value (`cel_numpy.localize.stats`); raw counts sit beside them.
+Gains are rates, (rescued - damaged) / n, raw counts beside them. On discovery: Newcombe's
+paired 95% interval and the exact McNemar p (items). On held-out and cross-task panels the
+cluster is the unit (`cel_numpy.localize.stats`): the cluster sign-flip p and the cluster
+bootstrap interval are primary, the item-level McNemar p and Newcombe interval secondary.
+Cross-task results are labelled exploratory (ten sets times several tasks, no correction).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ FIGURES = {
     "finalists": "finalists.png",
     "crosstask": "crosstask.png",
 }
+NULLS_FIGURE = "nulls.png"
 
 
 def _fmt_gain(d: dict) -> str:
@@ -60,8 +65,13 @@ def build_report(loc) -> dict:
     if not r["confirm"]["discovery"]["intact_matches_baseline"]:
         notes.append("the fresh intact comparator of the confirmation differs from the baseline")
     primary = finalists[0]
+    figures = dict(FIGURES)
+    nulls = r.get("nulls") or {}
+    if nulls.get("n"):
+        figures["nulls"] = NULLS_FIGURE
     return {
-        "format": "cel-numpy.localize.report/1",
+        "format": "cel-numpy.localize.report/2",
+        "kind": "localize",
         "model": manifest["model"],
         "task": manifest["task"],
         "seed": manifest["seed"],
@@ -75,6 +85,12 @@ def build_report(loc) -> dict:
             for c in r["screen"]["conditions"]
         ],
         "nominees": r["screen"]["nominees"],
+        "n_clusters": manifest["n_clusters"],
+        "tie_break": manifest["tie_break"],
+        "decided_by": {
+            "nominees": r["screen"]["decided_by"],
+            "finalists": r["joint"]["decided_by"],
+        },
         "joint_ranking": r["joint"]["ranking"],
         "n_candidates": r["joint"]["n_candidates"],
         "finalists": finalists,
@@ -83,7 +99,10 @@ def build_report(loc) -> dict:
             "name": primary["name"],
             "heldout": primary["heldout"],
             "crosstask": primary["crosstask"],
+            "nulls": _null_digest(nulls),
         },
+        "nulls": nulls,
+        "stage_seconds": loc.stage_seconds(),
         "intact": {
             "discovery": {"n": r["baseline"]["n"], "correct": r["baseline"]["correct"]},
             "heldout": {
@@ -96,8 +115,15 @@ def build_report(loc) -> dict:
             },
         },
         "notes": notes,
-        "figures": FIGURES,
+        "figures": figures,
     }
+
+
+def _null_digest(nulls: dict) -> dict | None:
+    if not nulls.get("n"):
+        return None
+    keys = ("n", "seed", "size", "below", "ties", "percentile", "p_value")
+    return {k: nulls[k] for k in keys}
 
 
 # --------------------------------------------------------------------------- figures
@@ -195,7 +221,54 @@ def plot_crosstask(report: dict, path: Path) -> None:
     )
 
 
+def plot_nulls(report: dict, path: Path) -> None:
+    plt = _plt()
+    nulls = report["nulls"]
+    gains = [s["gain_rate"] for s in nulls["sets"]]
+    primary = report["primary"]["heldout"]["gain_rate"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    ax.hist(gains, bins=min(30, max(5, len(gains) // 2)), color="0.6", label="random sets")
+    ax.axvline(primary, color="C3", linewidth=2, label=f"rank 1: {report['primary']['name']}")
+    ax.axvline(0, color="grey", linewidth=0.8)
+    ax.set_xlabel("held-out gain rate")
+    ax.set_ylabel("null sets")
+    ax.set_title(
+        f"{nulls['n']} random sets of {nulls['size']} heads (seed {nulls['seed']}): "
+        f"percentile {nulls['percentile']:.0f}",
+        fontsize=9,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # --------------------------------------------------------------------------- markdown
+
+
+def fmt_heldout(d: dict) -> str:
+    """One held-out (cluster-level) result in words, shared by report.md and the CLI."""
+    method = "exact" if d["p_method"] == "exact" else f"Monte Carlo, SE {d['p_se']:.1g}"
+    return (
+        f"rescued {d['rescued']}, damaged {d['damaged']}, gain {d['gain']:+d} of {d['n']} = "
+        f"{d['gain_rate']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] (cluster bootstrap 95%, "
+        f"{d['n_clusters']} clusters), cluster sign-flip p = {_fmt_p(d['p_value'])} ({method}); "
+        f"item-level (secondary): exact McNemar p = {_fmt_p(d['item_p_value'])}, Newcombe "
+        f"[{d['item_ci_low']:+.3f}, {d['item_ci_high']:+.3f}]"
+    )
+
+
+def fmt_decided(counts: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "-"
+
+
+def fmt_nulls(nulls: dict, primary_gain: int) -> str:
+    return (
+        f"the rank-1 set's held-out gain ({primary_gain:+d}) is above {nulls['below']} of "
+        f"{nulls['n']} random sets of {nulls['size']} heads (seed {nulls['seed']}; "
+        f"{nulls['ties']} ties): percentile {nulls['percentile']:.1f}; share of random sets "
+        f"at least as good (counting the rank-1 set) p = {_fmt_p(nulls['p_value'])}"
+    )
 
 
 def render_markdown(report: dict) -> str:
@@ -208,23 +281,34 @@ def render_markdown(report: dict) -> str:
         f"- model: `{m.get('spec', '')}` ({m.get('kind', '')}, {report['n_layers']} layers x {report['n_heads']} heads, "
         f"{m.get('ablation', '')} ablation)",
         f"- task: `{t['name']}` (scoring: {t['scoring']}); seed {report['seed']}",
-        "- panels: " + ", ".join(f"{k} {v}" for k, v in report["panel_sizes"].items()),
+        "- panels (items, clusters; discovery and held-out share no cluster): "
+        + ", ".join(
+            f"{k} {v} ({report['n_clusters'][k]})" for k, v in report["panel_sizes"].items()
+        ),
         f"- intact: discovery {report['intact']['discovery']['correct']}/{report['intact']['discovery']['n']}, "
         f"held-out {report['intact']['heldout']['correct']}/{report['intact']['heldout']['n']} "
         "(the two baseline passes agree exactly)",
+        "- selection: ties in (gain, damaged, correct, set size) broken by "
+        + (
+            "the mean change of the reference answer's log-probability, then head coordinates"
+            if report["tie_break"] == "logprob"
+            else "head coordinates (the released rule)"
+        )
+        + f"; nominee slots decided by: {fmt_decided(report['decided_by']['nominees'])}; "
+        f"finalist slots decided by: {fmt_decided(report['decided_by']['finalists'])}",
         "",
         "## Primary result (discovery rank 1)",
         "",
-        f"Ablating **{p['name']}** on the held-out panel: rescued {ho['rescued']}, damaged {ho['damaged']}, "
-        f"gain {ho['gain']:+d} of {ho['n']} = {_fmt_gain(ho)} (95% Newcombe interval), "
-        f"exact McNemar p = {_fmt_p(ho['p_value'])}.",
+        f"Ablating **{p['name']}** on the held-out panel: {fmt_heldout(ho)}.",
         "",
     ]
+    if p["nulls"]:
+        lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'])}.", ""]
     if p["crosstask"]:
         lines.append(
-            "Other tasks: "
+            "Other tasks (exploratory: not corrected for the many sets and tasks): "
             + "; ".join(
-                f"{name} {_fmt_gain(v)}, p = {_fmt_p(v['p_value'])}"
+                f"{name} {_fmt_gain(v)}, cluster p = {_fmt_p(v['p_value'])}"
                 for name, v in p["crosstask"].items()
             )
             + "."
@@ -235,21 +319,23 @@ def render_markdown(report: dict) -> str:
         lines.append("")
     cross = list(report["finalists"][0]["crosstask"]) if report["finalists"] else []
     head = (
-        "| rank | heads | discovery gain | confirm gain | held-out gain [95% CI] | p | "
-        + " | ".join(cross)
+        "| rank | heads | discovery gain | confirm gain | held-out gain [cluster 95% CI] | "
+        "cluster p | item p | "
+        + " | ".join(f"{c} (exploratory)" for c in cross)
         + (" |" if cross else "")
     )
     lines += [
         "## Finalists (frozen before confirmation, discovery order)",
         "",
         head,
-        "|" + "---|" * (6 + len(cross)),
+        "|" + "---|" * (7 + len(cross)),
     ]
     for f in report["finalists"]:
         row = (
             f"| {f['rank']} | {f['name']} | {f['discovery']['gain']:+d} ({f['discovery']['gain_rate']:+.3f}) | "
             f"{f['confirm']['gain']:+d} | "
             f"{_fmt_gain(f['heldout'])} | {_fmt_p(f['heldout']['p_value'])} | "
+            f"{_fmt_p(f['heldout']['item_p_value'])} | "
         )
         row += " | ".join(_fmt_gain(f["crosstask"][c]) for c in cross) + (" |" if cross else "")
         lines.append(row)
@@ -286,5 +372,7 @@ def write_report(loc) -> dict:
     plot_singletons(report, out / FIGURES["singletons"])
     plot_finalists(report, out / FIGURES["finalists"])
     plot_crosstask(report, out / FIGURES["crosstask"])
+    if "nulls" in report["figures"]:
+        plot_nulls(report, out / NULLS_FIGURE)
     text_dump(out / "report.md", render_markdown(report))
     return {"report": str(out / "report.json"), "primary": report["primary"]}

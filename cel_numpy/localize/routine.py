@@ -7,9 +7,16 @@
                gradient.json) and only the top `n_candidates` are evaluated exactly, then ranked
     joint      all pairs and triples of the nominees (165 new + 10 singletons reused = 175),
                ranked with fewer heads first on ties; top 10 finalists frozen in finalists.json
+               (ties in the counts broken by the reference answer's log-probability change,
+               `tie_break="logprob"`, or by head coordinates as released, "coordinates")
     confirm    finalists re-run on discovery against a fresh intact comparator (no reselection)
-    heldout    finalists on the disjoint held-out panel, with exact McNemar and a 95% interval
+    heldout    finalists on the held-out panel (no cluster shared with discovery): the cluster
+               sign-flip test and cluster bootstrap interval (primary), exact McNemar and
+               Newcombe's interval on items (secondary); `cel_numpy.localize.stats`
+    nulls      with null_sets = N > 0: N random head sets of the rank-1 set's size (seeded,
+               never the rank-1 set) on the held-out panel: is the found set special?
     crosstask  finalists on a panel of every other task: does the gain cost elsewhere?
+               (exploratory: many sets times many tasks, no correction)
     report     report.json, report.md and figures
 
 `localize(...)` runs up to and including `until`, reusing (after validation) what is on disk;
@@ -25,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -42,18 +50,22 @@ from cel_numpy.localize.progress import Progress
 from cel_numpy.localize.ranking import (
     N_FINALISTS,
     N_NOMINEES,
+    TIE_BREAKS,
     Scored,
     all_heads,
+    decided_by,
+    draw_null_sets,
     joint_enumeration,
     nominees,
     rank_joint,
     rank_singletons,
 )
-from cel_numpy.localize.stats import paired_summary
+from cel_numpy.localize.stats import clustered_summary, paired_summary
 from cel_numpy.outdir import prepare_out
 from cel_numpy.tasks.base import Item
 
-STAGES = ("baseline", "screen", "joint", "confirm", "heldout", "crosstask", "report")
+STAGES = ("baseline", "screen", "joint", "confirm", "heldout", "nulls", "crosstask", "report")
+TEST_STAGES = ("heldout", "nulls", "report")  # `test_heads`: a given head set, no search
 SCREENS = ("exact", "gradient")
 
 
@@ -92,13 +104,66 @@ def _roundtrip(obj):
     return json.loads(json.dumps(obj))
 
 
+def logprob_change(comparator: list[ExampleResult], results: list[ExampleResult]) -> float | None:
+    """Mean over the items of ref_logprob(condition) - ref_logprob(intact); None if not recorded."""
+    pairs = [(c.ref_logprob, r.ref_logprob) for c, r in zip(comparator, results)]
+    if not pairs or any(a is None or b is None for a, b in pairs):
+        return None
+    return sum(b - a for a, b in pairs) / len(pairs)
+
+
 def _scored(cond: Condition, comparator: list[ExampleResult], results: list[ExampleResult]) -> dict:
     s = paired_summary([r.correct for r in comparator], [r.correct for r in results])
-    return {"name": condition_name(cond), "heads": [list(h) for h in cond], **s.to_dict()}
+    return {
+        "name": condition_name(cond),
+        "heads": [list(h) for h in cond],
+        **s.to_dict(),
+        "logprob_change": logprob_change(comparator, results),
+    }
+
+
+def _clustered(
+    cond: Condition, items: list[Item], comparator: list[ExampleResult], results, seed: int
+) -> dict:
+    """Held-out statistics of one condition, the cluster as the unit (stats.clustered_summary)."""
+    s = clustered_summary(
+        [it.cluster for it in items],
+        [r.correct for r in comparator],
+        [r.correct for r in results],
+        seed=seed,
+    )
+    return {
+        "name": condition_name(cond),
+        "heads": [list(h) for h in cond],
+        **s.to_dict(),
+        "logprob_change": logprob_change(comparator, results),
+    }
 
 
 def _as_scored(d: dict) -> Scored:
-    return Scored(normalize_condition(d["heads"]), d["correct"], d["rescued"], d["damaged"])
+    return Scored(
+        normalize_condition(d["heads"]),
+        d["correct"],
+        d["rescued"],
+        d["damaged"],
+        d.get("logprob_change"),
+    )
+
+
+def null_percentile(primary_gain: int, null_gains: Sequence[int]) -> dict:
+    """Where the primary set's held-out gain falls among the null sets' gains."""
+    n = len(null_gains)
+    below = sum(g < primary_gain for g in null_gains)
+    ties = sum(g == primary_gain for g in null_gains)
+    return {
+        "n": n,
+        "below": below,
+        "ties": ties,
+        "percentile": 100.0 * (below + 0.5 * ties) / n if n else None,
+        # share of null sets at least as good, counting the primary set itself (a valid p-value
+        # for "the primary set is no better than a random set of its size", with ties as hits)
+        "p_value": (1 + n - below) / (n + 1) if n else None,
+    }
 
 
 SLOW_HINTS = {  # what to try when a stage's first block predicts a long wait
@@ -135,6 +200,9 @@ class Localizer:
         stream=None,
         screen: str = "exact",
         n_candidates: int = 30,
+        tie_break: str = "logprob",
+        null_sets: int = 0,
+        null_seed: int | None = None,
     ):
         if n_discovery < 1 or n_heldout < 1:
             raise UserError(
@@ -146,6 +214,15 @@ class Localizer:
             raise UserError(
                 f"--candidates must be >= the {n_nominees} nominees, got {n_candidates}"
             )
+        if tie_break not in TIE_BREAKS:
+            raise UserError(
+                f"--tie-break must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}"
+            )
+        if null_sets < 0:
+            raise UserError(f"--null-sets must be >= 0, got {null_sets}")
+        self.tie_break = tie_break
+        self.null_sets = int(null_sets)
+        self.null_seed = int(seed if null_seed is None else null_seed)
         self.screen_method, self.n_candidates = screen, int(n_candidates)
         self.out = prepare_out(out)
         self.make_evaluator = make_evaluator
@@ -171,16 +248,17 @@ class Localizer:
         self.panels = {"discovery": discovery, "heldout": heldout}
         for t in self.cross_tasks:
             self.panels[f"cross-{t.name}"] = cross_panel(t, self.n_heldout, self.seed)
-        if {it.id for it in discovery} & {it.id for it in heldout}:
-            raise RuntimeError(
-                "discovery and held-out panels share an item"
-            )  # build_panels guarantees not
+        if {it.cluster for it in discovery} & {it.cluster for it in heldout}:
+            raise RuntimeError(  # build_panels guarantees not
+                "discovery and held-out panels share a cluster"
+            )
         self.evaluators = {"discovery": self.make_evaluator(self.task, discovery)}
         self.evaluators["heldout"] = self.evaluators["discovery"]
         ev = self.evaluators["discovery"]
         self.n_layers, self.n_heads = int(ev.n_layers), int(ev.n_heads)
         manifest = {
             "format": rd.FORMAT,
+            "kind": self.kind,
             "model": ev.identity(),
             "task": {
                 "name": self.task.name,
@@ -190,9 +268,15 @@ class Localizer:
             "seed": self.seed,
             "panel_sizes": {name: len(items) for name, items in self.panels.items()},
             "panel_hashes": {name: rd.items_hash(items) for name, items in self.panels.items()},
+            "n_clusters": {
+                name: len({it.cluster for it in items}) for name, items in self.panels.items()
+            },
             "cross_tasks": [t.name for t in self.cross_tasks],
             "n_nominees": self.n_nominees,
             "n_finalists": self.n_finalists,
+            "tie_break": self.tie_break,
+            "null_sets": {"n": self.null_sets, "seed": self.null_seed},
+            **self._extra_manifest(),
             "cel_numpy_version": cel_numpy_version(),
             "command": self.command,
         }
@@ -206,6 +290,11 @@ class Localizer:
                     raise rd.RunDirError(f"{path} does not match manifest.json; use a fresh --out")
             else:
                 rd.write_panel(path, items)
+
+    kind = "localize"
+
+    def _extra_manifest(self) -> dict:
+        return {}
 
     def _evaluator_for(self, panel: str):
         if panel not in self.evaluators:
@@ -254,6 +343,7 @@ class Localizer:
             )
         else:
             rd.sums_path(self.out, stage).unlink(missing_ok=True)  # of records deleted to redo
+        started = time.monotonic()
         remaining = plan[len(blocks) :]
         chunks: list[list[rd.Block]] = []
         for block in remaining:
@@ -325,7 +415,14 @@ class Localizer:
                 bar.update(len(chunk))
         summary = summarize(blocks)
         rd.write_done(
-            self.out, stage, sum(len(b) for b in blocks), len(plan), self.manifest, depends, summary
+            self.out,
+            stage,
+            sum(len(b) for b in blocks),
+            len(plan),
+            self.manifest,
+            depends,
+            summary,
+            seconds=time.monotonic() - started,
         )
         return blocks, summary
 
@@ -422,11 +519,13 @@ class Localizer:
 
         def summarize(blocks):
             conds = [_scored(b.condition, self.intact, res) for b, res in zip(plan, blocks)]
-            ranked = rank_singletons([_as_scored(c) for c in conds])
+            ranked = rank_singletons([_as_scored(c) for c in conds], self.tie_break)
             return {
                 "conditions": conds,
                 "ranking": [condition_name(s.heads) for s in ranked],
                 "nominees": [list(h) for h in nominees(ranked, n_nom)],
+                "tie_break": self.tie_break,
+                "decided_by": decided_by(ranked, n_nom, joint=False, tie_break=self.tie_break),
                 "n_heads_total": self.n_layers * self.n_heads,
                 "note": note
                 or (
@@ -449,13 +548,17 @@ class Localizer:
 
         def summarize(blocks):
             conds = [_scored(b.condition, self.intact, res) for b, res in zip(plan, blocks)]
-            ranked = rank_joint([_as_scored(c) for c in reused + conds])
+            ranked = rank_joint([_as_scored(c) for c in reused + conds], self.tie_break)
             finalists = ranked[: self.n_finalists]
             return {
                 "conditions": conds,
                 "n_candidates": len(reused) + len(conds),
                 "ranking": [condition_name(s.heads) for s in ranked],
                 "finalists": [[list(h) for h in s.heads] for s in finalists],
+                "tie_break": self.tie_break,
+                "decided_by": decided_by(
+                    ranked, self.n_finalists, joint=True, tie_break=self.tie_break
+                ),
             }
 
         depends = {
@@ -484,7 +587,8 @@ class Localizer:
         return summary
 
     def _finalist_stage(self, stage: str, panels: list[tuple[str, str]], depends_on: Sequence[str]):
-        """Intact + every finalist on each (block-name prefix, panel); paired summaries against that intact."""
+        """Intact + every finalist on each (block-name prefix, panel); paired summaries against that
+        intact: item-level on discovery, the cluster as the unit on held-out and cross-task panels."""
         plan, groups = [], []
         for prefix, panel in panels:
             names = [f"{prefix}intact"] + [f"{prefix}{condition_name(f)}" for f in self.finalists]
@@ -499,11 +603,19 @@ class Localizer:
                 res = blocks[i : i + len(group)]
                 i += len(group)
                 intact = res[0]
+                items = self.panels[panel]
+
+                def score(cond, r, intact=intact, items=items, panel=panel):
+                    if panel == "discovery":
+                        return _scored(cond, intact, r)
+                    return _clustered(cond, items, intact, r, self.seed)
+
                 out[panel] = {
                     "n": len(intact),
+                    "n_clusters": len({it.cluster for it in items}),
                     "intact_correct": sum(r.correct for r in intact),
                     "finalists": [
-                        {"rank": k + 1, **_scored(b.condition, intact, r)}
+                        {"rank": k + 1, **score(b.condition, r)}
                         for k, (b, r) in enumerate(zip(group[1:], res[1:]))
                     ],
                 }
@@ -522,7 +634,45 @@ class Localizer:
         return summary
 
     def heldout(self):
-        _, summary = self._finalist_stage("heldout", [("", "heldout")], ["joint"])
+        blocks, summary = self._finalist_stage("heldout", [("", "heldout")], self._heldout_depends)
+        self.heldout_intact = blocks[0]
+        return summary
+
+    _heldout_depends = ("joint",)
+
+    def nulls(self):
+        """N random head sets of the rank-1 set's size on the held-out panel, against the held-out
+        stage's intact block (recorded seed; never the rank-1 set; distinct)."""
+        primary = self.finalists[0]
+        plan = []
+        if self.null_sets:
+            try:
+                sets = draw_null_sets(
+                    self.n_layers, self.n_heads, len(primary), self.null_sets, self.null_seed,
+                    exclude=primary,
+                )  # fmt: skip
+            except ValueError as err:
+                raise UserError(f"--null-sets: {err}") from None
+            plan = [rd.Block(f"null:{condition_name(c)}", "heldout", c) for c in sets]
+        items = self.panels["heldout"]
+        primary_gain = self.results["heldout"]["heldout"]["finalists"][0]["gain"]
+
+        def summarize(blocks):
+            sets = [
+                _clustered(b.condition, items, self.heldout_intact, r, self.seed)
+                for b, r in zip(plan, blocks)
+            ]
+            return {
+                "primary": condition_name(primary),
+                "seed": self.null_seed,
+                "size": len(primary),
+                "sets": sets,
+                "primary_gain": primary_gain,
+                **null_percentile(primary_gain, [s["gain"] for s in sets]),
+            }
+
+        depends = {"heldout": rd.records_sha(self.out, "heldout")}
+        _, summary = self._run_stage("nulls", plan, depends, summarize, label="nulls")
         return summary
 
     def crosstask(self):
@@ -535,17 +685,29 @@ class Localizer:
 
         return write_report(self)
 
+    def stage_seconds(self) -> dict[str, float | None]:
+        """Wall time of each finished stage (its done-file), as recorded by the process that ran it."""
+        out = {}
+        for stage in self.stages:
+            done = rd.stage_paths(self.out, stage)[1]
+            if done.exists():
+                out[stage] = json.loads(done.read_text()).get("seconds")
+        return out
+
     # ------------------------------------------------------------------ driver
 
     def run(self, until: str = "report") -> dict:
         """Run (or validate) every stage up to and including `until`; returns {stage: summary}."""
-        if until not in STAGES:
-            raise UserError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
+        stages = self.stages
+        if until not in stages:
+            raise UserError(f"unknown stage {until!r}; stages: {', '.join(stages)}")
         with rd.Lock(self.out):
             self._setup()
-            for stage in STAGES[: STAGES.index(until) + 1]:
+            for stage in stages[: stages.index(until) + 1]:
                 self.results[stage] = getattr(self, stage)()
         return self.results
+
+    stages = STAGES
 
 
 def localize(

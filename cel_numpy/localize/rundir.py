@@ -11,14 +11,18 @@ Layout (one run = one (model, task) = one directory):
     <stage>.jsonl            one line per (condition, example), see `record_line`
     <stage>.sums             one line per complete block: "<sha256 of its lines> <block name>"
     <stage>.done.json        written last: line count, sha256 of <stage>.jsonl, sha256 of the
-                             records of the stages it depends on, the stage's per-condition summary
+                             records of the stages it depends on, the stage's per-condition
+                             summary, the wall time of the process that finished it
     finalists.json           the frozen top-10 of the joint search (written before confirmation)
     report.json, report.md, *.png
 
 A record (one JSON object per line, keys in this order, so `grep '"block": "L3H5"'` works):
 
     {"block": "L3H5", "panel": "discovery", "heads": [[3, 5]], "item": "<id>",
-     "correct": true, "answer": " 124"}
+     "correct": true, "answer": " 124", "ref_logprob": -0.73}
+
+`ref_logprob` is the reference answer's log-probability under the condition (null where the
+evaluator does not compute it); the informed tie-break of the ranking reads it.
 
 `block` names a group of lines evaluated together (a condition; "intact#1"/"intact#2" in the
 baseline; "<task>:<condition>" in the cross-task stage).
@@ -79,12 +83,17 @@ from cel_numpy.localize.conditions import Condition, ExampleResult, normalize_co
 from cel_numpy.models.fetch import sha256_file
 from cel_numpy.tasks.base import Item
 
-FORMAT = "cel-numpy.localize/1"
+# Format 2: panels disjoint by cluster (each item records its cluster), records carry the
+# reference answer's log-probability. Format 1 directories (panels that may repeat a query across
+# discovery and held-out, item-level tests only) are refused: see `check_or_write_manifest`.
+FORMAT = "cel-numpy.localize/2"
+OLD_FORMATS = ("cel-numpy.localize/1",)
 
 
 def items_hash(items: Sequence[Item]) -> str:
-    """sha256 of the panel's item ids in order (ids are content hashes, so this pins the content)."""
-    return hashlib.sha256("\n".join(it.id for it in items).encode()).hexdigest()
+    """sha256 of the panel's item ids and clusters in order (ids are content hashes, so this pins
+    the content, and the cluster labels the statistics use)."""
+    return hashlib.sha256("\n".join(f"{it.id}\t{it.cluster}" for it in items).encode()).hexdigest()
 
 
 def json_dump(path: Path, obj) -> None:
@@ -294,6 +303,7 @@ class Lock:
 # Fields that must be identical for a resumed run to reuse anything.
 MANIFEST_KEYS = (
     "format",
+    "kind",
     "model",
     "task",
     "seed",
@@ -302,10 +312,12 @@ MANIFEST_KEYS = (
     "cross_tasks",
     "n_nominees",
     "n_finalists",
+    "tie_break",
+    "null_sets",
 )
 
 
-OPTIONAL_MANIFEST_KEYS = ("screen",)  # present only when not the default (older runs stay valid)
+OPTIONAL_MANIFEST_KEYS = ("screen", "heads")  # present only when not the default / in test-heads
 
 
 # Where the model was found: recorded in manifest["model"], not part of the run's identity
@@ -334,7 +346,7 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
     if not path.exists():
         json_dump(path, manifest)
         return manifest
-    old = read_json_object(path, "use a fresh --out")
+    old = read_manifest(run_dir)
     there, now = _identity(old), _identity(manifest)
     for key in MANIFEST_KEYS + OPTIONAL_MANIFEST_KEYS:
         field, a, b = _first_difference(key, there.get(key), now.get(key))
@@ -357,6 +369,24 @@ def _first_difference(key: str, a, b):
     return key, a, b
 
 
+def read_manifest(run_dir: Path) -> dict:
+    """manifest.json of a run directory of the current format (one-line RunDirError otherwise)."""
+    path = Path(run_dir) / "manifest.json"
+    if not path.exists():
+        raise RunDirError(f"{run_dir} is not a run directory (no manifest.json)")
+    manifest = read_json_object(path, "use a fresh --out")
+    fmt = manifest.get("format")
+    if fmt in OLD_FORMATS:
+        raise RunDirError(
+            f"{run_dir} was written in the old format {fmt} (panels may repeat a query across "
+            "discovery and held-out; item-level tests only): its report.md stays readable as it "
+            "is; re-run the command in its manifest.json with a fresh --out for the new panels and tests"
+        )
+    if fmt != FORMAT:
+        raise RunDirError(f"{path}: unknown format {fmt!r} (this cel-numpy writes {FORMAT})")
+    return manifest
+
+
 def _short(value) -> str:
     s = json.dumps(value, sort_keys=True)
     return s if len(s) <= 80 else s[:77] + "..."
@@ -373,6 +403,7 @@ def item_to_json(item: Item) -> dict:
         "prompt": item.prompt,
         "answer": item.answer,
         "choices": list(item.choices),
+        "cluster": item.cluster,
     }
 
 
@@ -398,6 +429,7 @@ def read_panel(path: Path) -> list[Item]:
                 prompt=d["prompt"],
                 answer=d["answer"],
                 choices=tuple(d["choices"]),
+                cluster=d["cluster"],
             )
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError):
             raise RunDirError(f"{path}:{n}: malformed panel line; use a fresh --out") from None
@@ -431,10 +463,14 @@ def record_line(block: Block, result: ExampleResult) -> str:
                 "item": result.item_id,
                 "correct": bool(result.correct),
                 "answer": result.answer,
+                "ref_logprob": None if result.ref_logprob is None else float(result.ref_logprob),
             }
         )
         + "\n"
     )
+
+
+RECORD_KEYS = ["block", "panel", "heads", "item", "correct", "answer", "ref_logprob"]
 
 
 def stage_paths(run_dir: Path, stage: str) -> tuple[Path, Path]:
@@ -475,9 +511,10 @@ def read_blocks(
             d = json.loads(raw)
             ok = (
                 isinstance(d, dict)
-                and list(d) == ["block", "panel", "heads", "item", "correct", "answer"]
+                and list(d) == RECORD_KEYS
                 and isinstance(d["correct"], bool)
                 and isinstance(d["answer"], str)
+                and (d["ref_logprob"] is None or isinstance(d["ref_logprob"], (int, float)))
             )
             heads = normalize_condition(d["heads"]) if ok and isinstance(d["heads"], list) else None
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError, TypeError):
@@ -495,7 +532,7 @@ def read_blocks(
                 f"{path}:{n}: record does not match the plan (expected block {block.name} item {expected_item}, "
                 f"found block {d['block']} item {d['item']}); {_fresh_hint(stage)}"
             )
-        current.append(ExampleResult(d["item"], d["correct"], d["answer"]))
+        current.append(ExampleResult(d["item"], d["correct"], d["answer"], d["ref_logprob"]))
         if len(current) == len(items):
             blocks.append(current)
             current = []
@@ -605,7 +642,9 @@ def write_done(
     manifest: dict,
     depends: dict[str, str],
     summary,
+    seconds: float | None = None,
 ) -> dict:
+    """Write <stage>.done.json; `seconds` is the wall time of the process that finished the stage."""
     records, done = stage_paths(run_dir, stage)
     info = {
         "stage": stage,
@@ -616,6 +655,7 @@ def write_done(
         "manifest_key": manifest_key(manifest),
         "depends": depends,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "seconds": None if seconds is None else round(seconds, 1),
         "summary": summary,
     }
     json_dump(done, info)
