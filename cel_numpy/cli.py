@@ -5,6 +5,7 @@
     cel-numpy inspect   describe a model file
     cel-numpy generate  greedy generation with optional head ablations
     cel-numpy localize  the two-stage head-ablation search on a (model, task)
+    cel-numpy test-heads  the held-out test of a given head set (the routine's statistics)
     cel-numpy demo      what `make demo` runs
 
 Errors: bad input of any kind (files, options, prompts, run directories; see cel_numpy.errors)
@@ -34,7 +35,10 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 # What to tell the user after Ctrl-C, per subcommand (default: nothing to resume).
-INTERRUPTED = {"localize": "interrupted; rerun the same command to resume"}
+INTERRUPTED = {
+    "localize": "interrupted; rerun the same command to resume",
+    "test-heads": "interrupted; rerun the same command to resume",
+}
 
 
 class Terminated(KeyboardInterrupt):

@@ -154,6 +154,8 @@ def register(subparsers) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
+    register_test_heads(subparsers)
+    register_summarize(subparsers)
 
 
 def file_identity(path: Path) -> dict:
@@ -443,19 +445,14 @@ def make_worker_pool(n_workers: int, quiet: bool = False):
     return WorkerPool(n_workers)
 
 
-def run(args) -> int:
-    from concurrent.futures.process import BrokenProcessPool
-
-    from cel_numpy.errors import WorkerError
-    from cel_numpy.localize.routine import Localizer
+def _prepare(args):
+    """Check everything that needs no model, then (task, cross tasks, make_evaluator, executor)."""
     from cel_numpy.outdir import prepare_out
 
     check_options(args)
     theory = is_theory(args.model)
     if theory:
-        which, cross_names = theory_task_names(
-            args
-        )  # before any work: a wrong name costs no training
+        which, cross_names = theory_task_names(args)  # before any work: a wrong name costs nothing
     else:
         task, cross = lm_tasks(args)
         check_panel_sizes(task, cross, args.discovery, args.heldout)
@@ -465,6 +462,39 @@ def run(args) -> int:
     else:
         task, cross, make_evaluator = lm_setup(args, task, cross)
     executor = make_worker_pool(args.workers)
+    return task, cross, make_evaluator, executor
+
+
+def _run_with(loc, executor, stage: str, out) -> dict:
+    """loc.run(stage), stopping the worker pool on any way out (a dead worker is one line)."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    from cel_numpy.errors import WorkerError
+
+    try:
+        return loc.run(stage)
+    except BrokenProcessPool:
+        executor.terminate()
+        executor = None
+        raise WorkerError(
+            f"a worker process died (killed from outside, often by the out-of-memory killer); "
+            f"the finished conditions are kept in {out}: rerun the same command to resume "
+            "(with fewer --workers if memory is short)"
+        ) from None
+    except BaseException:
+        if executor is not None:  # Ctrl-C, SIGTERM or an error: stop the workers now
+            executor.terminate()
+            executor = None
+        raise
+    finally:
+        if executor is not None:
+            executor.shutdown()
+
+
+def run(args) -> int:
+    from cel_numpy.localize.routine import Localizer
+
+    task, cross, make_evaluator, executor = _prepare(args)
     loc = Localizer(
         args.out,
         make_evaluator,
@@ -482,24 +512,7 @@ def run(args) -> int:
         null_sets=args.null_sets,
         null_seed=args.null_seed,
     )
-    try:
-        results = loc.run(args.stage)
-    except BrokenProcessPool:
-        executor.terminate()
-        executor = None
-        raise WorkerError(
-            f"a worker process died (killed from outside, often by the out-of-memory killer); "
-            f"the finished conditions are kept in {args.out}: rerun the same command to resume "
-            "(with fewer --workers if memory is short)"
-        ) from None
-    except BaseException:
-        if executor is not None:  # Ctrl-C, SIGTERM or an error: stop the workers now
-            executor.terminate()
-            executor = None
-        raise
-    finally:
-        if executor is not None:
-            executor.shutdown()
+    results = _run_with(loc, executor, args.stage, args.out)
     if "report" in results:
         from cel_numpy.localize.report import fmt_heldout, fmt_nulls
 
@@ -510,4 +523,147 @@ def run(args) -> int:
         print(f"report: {Path(args.out) / 'report.md'}")
     else:
         print(f"stages up to {args.stage} done in {args.out}")
+    return 0
+
+
+# --------------------------------------------------------------------------- test-heads
+
+TEST_DESCRIPTION = """Test a given head set on a held-out panel, with the statistics of the routine's held-out stage:
+the heads removed together vs the intact model on the same items, gain with the cluster
+sign-flip p and cluster bootstrap interval (primary), exact McNemar and Newcombe's interval on
+items (secondary); with --null-sets N, N random sets of as many heads on the same panel.
+
+The panel is the held-out panel `cel-numpy localize` builds with the same --seed, --discovery
+and --heldout: a run's seed re-tests its set on that run's held-out panel, a new seed tests it on
+items no run with that seed has seen. Resumable like localize (rerun the same command); writes
+report.md, report.json and the per-example records into --out.
+
+Example: cel-numpy test-heads --model smollm2 --task capitals --heads L10H3+L11H5+L23H0 \
+             --heldout 300 --seed 7 --out runs/capitals-heads
+"""
+
+
+def register_test_heads(subparsers) -> None:
+    p = subparsers.add_parser(
+        "test-heads",
+        help="held-out test of a given head set (the routine's statistics), on any model and task",
+        description=TEST_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="as for localize (smollm2, theory, a file...)")
+    p.add_argument("--task", required=True, help="a task name; A or B for --model theory")
+    p.add_argument(
+        "--heads", required=True, metavar="L3H1+L5H0", help="the heads to remove together"
+    )
+    p.add_argument("--heldout", type=int, default=300, metavar="K", help="held-out items (300)")
+    p.add_argument(
+        "--discovery",
+        type=int,
+        default=100,
+        metavar="N",
+        help="the discovery size the panels are drawn with (default 100, as localize); "
+        "never evaluated",
+    )
+    p.add_argument("--seed", type=int, default=0, help="panel seed (default 0)")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="run directory")
+    p.add_argument(
+        "--stage",
+        default="report",
+        metavar="NAME",
+        help="run up to and including this stage: heldout, nulls, report (default: report)",
+    )
+    p.add_argument("--null-sets", type=int, default=0, metavar="N", help="random sets (0)")
+    p.add_argument("--null-seed", type=int, default=None, metavar="S", help="default: --seed")
+    p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward (16)")
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="processes (default 1)")
+    p.add_argument("--tau", type=float, default=1.0, help="theory only (default 1.0)")
+    p.add_argument("--theory-seed", type=int, default=0, help="theory only (default 0)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(
+        func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None
+    )
+
+
+def run_test_heads(args) -> int:
+    from cel_numpy.heads import parse_heads
+    from cel_numpy.localize.conditions import condition_name
+    from cel_numpy.localize.report import fmt_heldout, fmt_nulls
+    from cel_numpy.localize.routine import TEST_STAGES, HeadSetTest
+
+    if args.stage not in TEST_STAGES:
+        raise OptionError(
+            f"--stage must be one of {', '.join(TEST_STAGES)} for test-heads, got {args.stage!r}"
+        )
+    heads = parse_heads(args.heads, what="--heads")
+    if not heads:
+        raise OptionError("--heads: name at least one head to remove, e.g. L3H1+L5H0")
+    args.stage, stage = "report", args.stage  # check_options knows the localize stages
+    task, _, make_evaluator, executor = _prepare(args)
+    loc = HeadSetTest(
+        args.out,
+        make_evaluator,
+        task,
+        heads,
+        n_discovery=args.discovery,
+        n_heldout=args.heldout,
+        seed=args.seed,
+        progress=not args.quiet,
+        executor=executor,
+        command="cel-numpy " + " ".join(sys.argv[1:]),
+        null_sets=args.null_sets,
+        null_seed=args.null_seed,
+    )
+    results = _run_with(loc, executor, stage, args.out)
+    if "report" not in results:
+        print(f"stages up to {stage} done in {args.out}")
+        return 0
+    rep = results["report"]
+    ho = rep["primary"]["heldout"]
+    print(
+        f"{condition_name(heads)} on {ho['n']} held-out {task.name} items "
+        f"({ho['n_clusters']} clusters): intact {ho['intact_correct']}/{ho['n']}, "
+        f"removed {ho['correct']}/{ho['n']}"
+    )
+    print(f"held-out: {fmt_heldout(ho)}")
+    if rep["primary"].get("nulls"):
+        print(f"null sets: {fmt_nulls(rep['primary']['nulls'], ho['gain'], 'the set')}")
+    for kind in ("rescued", "damaged"):
+        for e in rep["examples"][kind][:2]:
+            if e["prompt"].startswith("{"):
+                continue  # a theory sample: numbers, not text (report.json has them)
+            last = e["prompt"].rsplit("\n", 1)[-1][-60:]
+            print(f"  {kind}: {last!r} -> intact {e['intact'].strip()!r}, removed "
+                  f"{e['ablated'].strip()!r} (answer {e['answer'].strip()!r})")  # fmt: skip
+    print(f"report: {Path(args.out) / 'report.md'}")
+    return 0
+
+
+# --------------------------------------------------------------------------- summarize
+
+
+def register_summarize(subparsers) -> None:
+    p = subparsers.add_parser(
+        "summarize",
+        help="one table across finished localize / test-heads runs (Holm across primary tests)",
+        description="One markdown table across finished runs: per run the primary head set, its "
+        "held-out gain with the cluster bootstrap interval and cluster sign-flip p (Holm-adjusted "
+        "across the table), the item-level McNemar p, the null-set percentile, cross-task gains "
+        "(exploratory) and the wall time; then how often each head recurs across runs. Run "
+        "directories of the old format are refused.",
+    )
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the numbers as JSON")
+    p.set_defaults(func=run_summarize)
+
+
+def run_summarize(args) -> int:
+    import json
+
+    from cel_numpy.localize.summary import render, summarize
+
+    summary = summarize(args.runs)
+    print(render(summary), end="")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1) + "\n")
     return 0

@@ -262,12 +262,12 @@ def fmt_decided(counts: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "-"
 
 
-def fmt_nulls(nulls: dict, primary_gain: int) -> str:
+def fmt_nulls(nulls: dict, primary_gain: int, label: str = "the rank-1 set") -> str:
     return (
-        f"the rank-1 set's held-out gain ({primary_gain:+d}) is above {nulls['below']} of "
+        f"{label}'s held-out gain ({primary_gain:+d}) is above {nulls['below']} of "
         f"{nulls['n']} random sets of {nulls['size']} heads (seed {nulls['seed']}; "
         f"{nulls['ties']} ties): percentile {nulls['percentile']:.1f}; share of random sets "
-        f"at least as good (counting the rank-1 set) p = {_fmt_p(nulls['p_value'])}"
+        f"at least as good (counting {label}) p = {_fmt_p(nulls['p_value'])}"
     )
 
 
@@ -376,3 +376,103 @@ def write_report(loc) -> dict:
         plot_nulls(report, out / NULLS_FIGURE)
     text_dump(out / "report.md", render_markdown(report))
     return {"report": str(out / "report.json"), "primary": report["primary"]}
+
+
+# --------------------------------------------------------------------------- test-heads
+
+
+def _examples(items, intact, ablated, want: bool, k: int = 3) -> list[dict]:
+    """Up to k items that the head set rescued (want=True) or damaged, with both outputs."""
+    out = []
+    for it, a, b in zip(items, intact, ablated):
+        if b.correct == want and a.correct != want:
+            prompt = it.prompt if len(it.prompt) <= 160 else "..." + it.prompt[-157:]
+            out.append({"item": it.id, "cluster": it.cluster, "prompt": prompt,
+                        "answer": it.answer, "intact": a.answer, "ablated": b.answer})  # fmt: skip
+        if len(out) == k:
+            break
+    return out
+
+
+def build_test_report(loc) -> dict:
+    r, manifest = loc.results, loc.manifest
+    held = r["heldout"]["heldout"]
+    result = held["finalists"][0]
+    items = loc.panels["heldout"]
+    intact, ablated = loc.heldout_blocks
+    nulls = r.get("nulls") or {}
+    return {
+        "format": "cel-numpy.localize.report/2",
+        "kind": "test-heads",
+        "model": manifest["model"],
+        "task": manifest["task"],
+        "seed": manifest["seed"],
+        "panel_sizes": manifest["panel_sizes"],
+        "panel_hashes": manifest["panel_hashes"],
+        "n_clusters": manifest["n_clusters"],
+        "n_layers": loc.n_layers,
+        "n_heads": loc.n_heads,
+        "primary": {
+            "heads": result["heads"],
+            "name": result["name"],
+            "heldout": result,
+            "crosstask": {},
+            "nulls": _null_digest(nulls),
+        },
+        "intact": {"heldout": {"n": held["n"], "correct": held["intact_correct"]}},
+        "examples": {
+            "rescued": _examples(items, intact, ablated, True),
+            "damaged": _examples(items, intact, ablated, False),
+        },
+        "nulls": nulls,
+        "stage_seconds": loc.stage_seconds(),
+        "figures": {"nulls": NULLS_FIGURE} if nulls.get("n") else {},
+    }
+
+
+def render_test_markdown(report: dict) -> str:
+    m, t, p = report["model"], report["task"], report["primary"]
+    ho = p["heldout"]
+    lines = [
+        f"# Head-set test: {p['name']} on {t['name']} ({m.get('spec') or m.get('kind')})",
+        "",
+        f"- model: `{m.get('spec', '')}` ({m.get('kind', '')}, {report['n_layers']} layers x "
+        f"{report['n_heads']} heads, {m.get('ablation', '')} ablation)",
+        f"- task: `{t['name']}` (scoring: {t['scoring']}); panel seed {report['seed']}: the "
+        f"held-out panel of `cel-numpy localize` with the same --seed, --discovery "
+        f"{report['panel_sizes']['discovery']} and --heldout {report['panel_sizes']['heldout']}",
+        f"- held-out panel: {ho['n']} items in {report['n_clusters']['heldout']} clusters; "
+        f"intact {report['intact']['heldout']['correct']}/{ho['n']}, with {p['name']} removed "
+        f"{ho['correct']}/{ho['n']}",
+        "",
+        "## Result",
+        "",
+        f"Removing **{p['name']}**: {fmt_heldout(ho)}.",
+        "",
+    ]
+    if p["nulls"]:
+        lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'], 'the set')}.", "",
+                  "![nulls](nulls.png)", ""]  # fmt: skip
+    for kind in ("rescued", "damaged"):
+        examples = report["examples"][kind]
+        if not examples:
+            continue
+        lines += [f"## Examples {kind}", "", "| prompt (end) | answer | intact | removed |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for e in examples:
+            cells = [e["prompt"].replace("\n", " / "), e["answer"], e["intact"], e["ablated"]]
+            lines.append("| " + " | ".join(f"`{c.strip()}`" for c in cells) + " |")
+        lines.append("")
+    lines += ["Per-example records: `heldout.jsonl`; machine-readable numbers: `report.json`.", ""]
+    return "\n".join(lines)
+
+
+def write_test_report(loc) -> dict:
+    report = build_test_report(loc)
+    out = Path(loc.out)
+    json_dump(out / "report.json", report)
+    if report["figures"]:
+        plot_nulls(report, out / NULLS_FIGURE)
+    (out / "report.md").write_text(render_test_markdown(report))
+    return {"report": str(out / "report.json"), "primary": report["primary"],
+            "examples": report["examples"], "intact": report["intact"]}  # fmt: skip

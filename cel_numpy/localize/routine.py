@@ -256,6 +256,7 @@ class Localizer:
         self.evaluators["heldout"] = self.evaluators["discovery"]
         ev = self.evaluators["discovery"]
         self.n_layers, self.n_heads = int(ev.n_layers), int(ev.n_heads)
+        self._check_model()  # before anything is written
         manifest = {
             "format": rd.FORMAT,
             "kind": self.kind,
@@ -295,6 +296,9 @@ class Localizer:
 
     def _extra_manifest(self) -> dict:
         return {}
+
+    def _check_model(self) -> None:
+        pass
 
     def _evaluator_for(self, panel: str):
         if panel not in self.evaluators:
@@ -635,6 +639,7 @@ class Localizer:
 
     def heldout(self):
         blocks, summary = self._finalist_stage("heldout", [("", "heldout")], self._heldout_depends)
+        self.heldout_blocks = blocks
         self.heldout_intact = blocks[0]
         return summary
 
@@ -708,6 +713,66 @@ class Localizer:
         return self.results
 
     stages = STAGES
+
+
+class HeadSetTest(Localizer):
+    """The held-out test of a given head set, with the routine's own held-out (and null-set)
+    stages and statistics: `cel-numpy test-heads`.
+
+    The panels are the ones `localize` builds for the same (task, n_discovery, n_heldout, seed):
+    with a run's seed this re-tests its set on its own held-out panel, with a fresh seed on a
+    panel no run has used. The discovery panel is written too (mean ablation averages over it)
+    but never evaluated. Stages: heldout, nulls, report; resumable like the routine's.
+    """
+
+    kind = "test-heads"
+    stages = TEST_STAGES
+    _heldout_depends = ()
+
+    def __init__(self, out, make_evaluator, task, heads, **kwargs):
+        kwargs.setdefault("n_discovery", 100)
+        super().__init__(out, make_evaluator, task, cross_tasks=(), **kwargs)
+        self.heads = normalize_condition(heads)
+        if not self.heads:
+            raise UserError("--heads: name at least one head to remove, e.g. L3H1+L5H0")
+        self.finalists = [self.heads]
+
+    def _extra_manifest(self) -> dict:
+        return {"heads": condition_name(self.heads), "n_nominees": None, "n_finalists": None,
+                "tie_break": None}  # fmt: skip
+
+    def _check_model(self) -> None:
+        from cel_numpy.heads import check_heads
+
+        check_heads(self.heads, self.n_layers, self.n_heads, what="--heads")
+
+    def report(self):
+        from cel_numpy.localize.report import write_test_report
+
+        return write_test_report(self)
+
+
+def test_heads(
+    out,
+    make_evaluator: Callable,
+    task,
+    heads,
+    *,
+    n_heldout: int,
+    n_discovery: int = 100,
+    seed: int = 0,
+    until: str = "report",
+    **kwargs,
+) -> dict:
+    """Test `heads` (any spelling of cel_numpy.heads) on the held-out panel; {stage: summary}."""
+    loc = HeadSetTest(
+        out, make_evaluator, task, heads, n_discovery=n_discovery, n_heldout=n_heldout, seed=seed,
+        **kwargs,
+    )  # fmt: skip
+    return loc.run(until)
+
+
+test_heads.__test__ = False  # not a pytest test, whatever imports it
 
 
 def localize(

@@ -1,0 +1,159 @@
+"""One table across finished runs (`cel-numpy summarize RUN_DIR...`): what the README's results
+section is written from.
+
+Per run (a `localize` or `test-heads` directory of the current format; older directories are
+refused, so old and new panels never mix): task, panel seed, panel sizes in items and clusters,
+intact accuracy, the primary (rank-1 or tested) head set, its held-out gain with the cluster
+bootstrap interval, the cluster sign-flip p, that p Holm-adjusted across every primary test of
+the table, the item-level McNemar p (secondary), the null-set percentile, the cross-task gains
+(exploratory) and the wall time. Then, per task, how often each head recurs in the primary sets
+and among the finalists across the runs (seeds).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from cel_numpy.errors import RunDirError
+from cel_numpy.localize.rundir import read_manifest
+from cel_numpy.localize.stats import holm
+
+
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
+
+
+def load_run(run_dir) -> dict:
+    """The manifest and report of one finished run (one-line RunDirError otherwise)."""
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    path = run_dir / "report.json"
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunDirError(
+            f"{run_dir} has no report.json: finish the run first (rerun its command, in "
+            "manifest.json)"
+        ) from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise RunDirError(f"{path} is unreadable ({err})") from None
+    return {"dir": str(run_dir), "manifest": manifest, "report": report}
+
+
+def summarize(run_dirs) -> dict:
+    """Rows (one per run), Holm-adjusted primary p-values and per-task head recurrence."""
+    runs = [load_run(d) for d in run_dirs]
+    if not runs:
+        raise RunDirError("summarize needs at least one run directory")
+    rows = []
+    for run in runs:
+        m, r = run["manifest"], run["report"]
+        p = r["primary"]
+        ho = p["heldout"]
+        finalists = [f["name"] for f in r.get("finalists", [])]
+        seconds = [s for s in r.get("stage_seconds", {}).values() if s is not None]
+        rows.append(
+            {
+                "dir": run["dir"],
+                "kind": m["kind"],
+                "model": m["model"].get("spec") or m["model"].get("kind"),
+                "model_sha256": m["model"].get("file_sha256") or m["model"].get("params_sha256"),
+                "task": m["task"]["name"],
+                "seed": m["seed"],
+                "panel_sizes": m["panel_sizes"],
+                "n_clusters": m["n_clusters"],
+                "tie_break": m.get("tie_break"),
+                "intact": r["intact"],
+                "primary": p["name"],
+                "discovery_gain": r["finalists"][0]["discovery"]["gain"] if finalists else None,
+                "heldout": ho,
+                "nulls": p.get("nulls"),
+                "crosstask": {k: v for k, v in p.get("crosstask", {}).items()},
+                "finalists": finalists,
+                "wall_seconds": sum(seconds) if seconds else None,
+            }
+        )
+    adjusted = holm([row["heldout"]["p_value"] for row in rows])
+    for row, q in zip(rows, adjusted):
+        row["p_holm"] = q
+    recurrence: dict[str, dict] = {}
+    by_task = defaultdict(list)
+    for row in rows:
+        by_task[row["task"]].append(row)
+    for task, task_rows in by_task.items():
+        primary, finalist = Counter(), Counter()
+        for row in task_rows:
+            primary.update(row["primary"].split("+"))
+            finalist.update({h for name in row["finalists"] for h in name.split("+")})
+        recurrence[task] = {
+            "runs": len(task_rows),
+            "primary": dict(primary.most_common()),
+            "finalists": dict(finalist.most_common()),
+        }
+    models = {(row["model"], row["model_sha256"]) for row in rows}
+    return {"rows": rows, "recurrence": recurrence, "n_models": len(models)}
+
+
+def render(summary: dict) -> str:
+    rows = summary["rows"]
+    show_model = summary["n_models"] > 1
+    lines = [
+        "| "
+        + ("model | " if show_model else "")
+        + "task | seed | discovery (items/clusters) | held-out (items/clusters) | intact held-out "
+        "| primary heads | discovery gain | held-out gain [cluster 95% CI] | cluster p | Holm p "
+        "| item McNemar p | null percentile | cross-task (exploratory) | wall |",
+        "|" + "---|" * (14 + show_model),
+    ]
+    for row in rows:
+        ho, sizes, clusters = row["heldout"], row["panel_sizes"], row["n_clusters"]
+        nulls = row["nulls"]
+        null_text = f"{nulls['percentile']:.0f} (of {nulls['n']})" if nulls else "-"
+        cross = "; ".join(
+            f"{name} {v['gain_rate']:+.3f} (p {_fmt_p(v['p_value'])})"
+            for name, v in sorted(row["crosstask"].items())
+        )
+        wall = f"{row['wall_seconds'] / 60:.0f} min" if row["wall_seconds"] is not None else "-"
+        disc = row["discovery_gain"]
+        disc_text = "(given)" if row["kind"] == "test-heads" else f"{disc:+d}/{sizes['discovery']}"
+        intact = row["intact"]["heldout"]
+        cells = [
+            *([row["model"]] if show_model else []),
+            row["task"],
+            str(row["seed"]),
+            "-" if row["kind"] == "test-heads" else f"{sizes['discovery']}/{clusters['discovery']}",
+            f"{sizes['heldout']}/{clusters['heldout']}",
+            f"{intact['correct']}/{intact['n']}",
+            row["primary"],
+            disc_text,
+            f"{ho['gain']:+d}/{ho['n']} = {ho['gain_rate']:+.3f} "
+            f"[{ho['ci_low']:+.3f}, {ho['ci_high']:+.3f}]",
+            _fmt_p(ho["p_value"]),
+            _fmt_p(row["p_holm"]),
+            _fmt_p(ho["item_p_value"]),
+            null_text,
+            cross or "-",
+            wall,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Holm: adjusted across the {len(rows)} primary tests of this table (one per run: the "
+        "primary set on its held-out panel, cluster sign-flip test). Cross-task gains are "
+        "exploratory (no correction).",
+        "",
+        "How often each head of a primary set recurs across the runs of its task (in the primary "
+        "set; among the ten finalists):",
+        "",
+    ]
+    for task, rec in summary["recurrence"].items():
+        recurring = [
+            f"{h} primary {n}/{rec['runs']}, finalist {rec['finalists'].get(h, 0)}/{rec['runs']}"
+            for h, n in rec["primary"].items()
+        ]
+        lines.append(f"- {task} ({rec['runs']} runs): " + ", ".join(recurring))
+    return "\n".join(lines) + "\n"
