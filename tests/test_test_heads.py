@@ -19,7 +19,7 @@ def test_same_statistics_as_the_routines_heldout_stage(tmp_path, trained_theory)
     sizes reproduces its held-out result exactly (same panel, same code, same numbers)."""
     params, world = trained_theory
     task = TheoryTask("A", world)
-    make = lambda t, ref: TheoryEvaluator(params, t)  # noqa: E731
+    make = lambda t, ref: TheoryEvaluator(params, t)
     res = localize(tmp_path / "run", make, task, n_discovery=80, n_heldout=150, seed=4,
                    progress=False, command="test")  # fmt: skip
     routine = res["heldout"]["heldout"]["finalists"][0]
@@ -69,7 +69,7 @@ def test_planted_head_and_examples(tmp_path):
 
 def test_stages_and_bad_heads(tmp_path, capsys):
     ev = FakeEvaluator(n_layers=3, n_heads=4)
-    make = lambda t, ref: ev  # noqa: E731
+    make = lambda t, ref: ev
     kw = dict(n_heldout=30, n_discovery=10, seed=0, progress=False, command="test")
     res = test_heads(tmp_path / "a", make, FakeTask(), [(0, 1), (2, 3)], until="heldout", **kw)
     assert set(res) == {"heldout"} and not (tmp_path / "a" / "report.json").exists()
@@ -97,7 +97,7 @@ def test_summarize_table_holm_and_recurrence(tmp_path, trained_theory, capsys): 
 
     params, world = trained_theory
     task = TheoryTask("A", world)
-    make = lambda t, ref: TheoryEvaluator(params, t)  # noqa: E731
+    make = lambda t, ref: TheoryEvaluator(params, t)
     dirs = []
     for seed in (1, 2):
         dirs.append(tmp_path / f"seed{seed}")
