@@ -473,6 +473,6 @@ def write_test_report(loc) -> dict:
     json_dump(out / "report.json", report)
     if report["figures"]:
         plot_nulls(report, out / NULLS_FIGURE)
-    (out / "report.md").write_text(render_test_markdown(report))
+    text_dump(out / "report.md", render_test_markdown(report))
     return {"report": str(out / "report.json"), "primary": report["primary"],
             "examples": report["examples"], "intact": report["intact"]}  # fmt: skip
