@@ -109,7 +109,9 @@ def logprob_change(comparator: list[ExampleResult], results: list[ExampleResult]
     pairs = [(c.ref_logprob, r.ref_logprob) for c, r in zip(comparator, results)]
     if not pairs or any(a is None or b is None for a, b in pairs):
         return None
-    return sum(b - a for a, b in pairs) / len(pairs)
+    # rounded to 1e-9: the fast and the plain evaluator sum log-probabilities in another order
+    # (differences ~1e-15), and a difference that small must not decide a tie
+    return round(sum(b - a for a, b in pairs) / len(pairs), 9)
 
 
 def _scored(cond: Condition, comparator: list[ExampleResult], results: list[ExampleResult]) -> dict:
