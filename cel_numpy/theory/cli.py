@@ -9,6 +9,7 @@ import os
 import sys
 
 from cel_numpy.errors import OptionError
+from cel_numpy.heads import head_name, heads_name
 from cel_numpy.theory.train import TrainConfig
 
 DEFAULT_SWEEP_SCALES = "1e-4,1e-3,1e-2,1e-1,3e-1,1"
@@ -148,18 +149,20 @@ def format_table(summary: dict) -> str:
         f" ({summary['joint_loss_integrated'] / cf['joint'] - 1:+.2%} vs closed form)"
         if cf["joint"] > 0
         else "",
-        f"concentration index: {summary['concentration']:.3f} (c-feature head: {summary['c_head']})",
+        f"concentration index: {summary['concentration']:.3f} "
+        f"(c-feature head: {head_name((0, summary['c_head']))})",
         "",
         f"{'head':>4s} {'c-loading':>10s} {'s-loading':>10s} {'ablate dA':>10s} {'ablate dB':>10s}",
     ]
     for h in summary["heads"]:
         lines.append(
-            f"{h['head']:4d} {h['c_loading']:10.4f} {h['s_loading']:10.4f}"
+            f"{head_name((0, h['head'])):>4s} {h['c_loading']:10.4f} {h['s_loading']:10.4f}"
             f" {h['ablate_delta_a']:+10.4f} {h['ablate_delta_b']:+10.4f}"
         )
     best = summary["best_joint_ablation"]
     lines.append(
-        f"best ablation (sets up to size 3): heads {best['heads']}  dA {best['delta_a']:+.4f}  dB {best['delta_b']:+.4f}"
+        f"best ablation (sets up to size 3): {heads_name([(0, h) for h in best['heads']])}  "
+        f"dA {best['delta_a']:+.4f}  dB {best['delta_b']:+.4f}"
     )
     return "\n".join(lines)
 
