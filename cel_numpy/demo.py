@@ -1,53 +1,66 @@
-"""`cel-numpy demo` (what `make demo` runs): the whole story in a few minutes on a laptop CPU.
+"""`cel-numpy demo` (what `make demo` runs): the phenomenon in a few minutes on a laptop CPU.
 
 It is a sequence of ordinary `cel-numpy` commands, each printed before it runs, so a newcomer
 can re-run any step alone:
 
-1. theory    train the two-task model; the conflicting feature ends up in one head, and
-             removing that head helps task A and hurts task B (closed forms alongside).
-2. localize  the same two-stage search on SmolLM2-135M-Instruct (fetched once into the cache)
-             for a small panel of one task; the report says which heads, removed, help.
-3. generate  SmolLM2 intact, then with the rank-1 head set from step 2 removed.
+1. theory      train the two-task model; the conflicting feature ends up in one head, and
+               removing that head helps task A and hurts task B (closed forms alongside).
+2. test-heads  the README's capitals heads on SmolLM2-135M-Instruct (fetched once into the
+               cache), tested on a fresh held-out panel: intact vs removed, the routine's
+               statistics, and items the removal rescued and damaged.
+3. localize    the whole two-stage search (screen, joint sets, held-out test, report), run on
+               the theory model so that it takes seconds; its rank-1 set holds step 1's head.
+4. generate    SmolLM2 with and without the capitals heads on a prompt whose answer changes.
 """
 
 from __future__ import annotations
 
-import json
 import shlex
-import sys
+import time
 from pathlib import Path
 
-from cel_numpy.heads import heads_name
-
-# A small, few-minute localization: a choice-scored task (no generation), small panels, both cores.
-# These panels only show the routine working; the README's results use larger ones.
-DEMO_TASK = "agreement"
-DEMO_DISCOVERY = 20
-DEMO_HELDOUT = 80
+# The README's capitals head set: rank 1 of `cel-numpy localize --model smollm2 --task capitals
+# --discovery 20 --heldout 300` (panel seed 0), docs/results/capitals/.
+CAPITALS_HEADS = "L10H3+L11H5+L23H0"
+# The 19 countries asked by the 20-item discovery panel that chose these heads (seed 0, the
+# 70-country table of that run; panel hash ad1275ae in docs/results/capitals/manifest.json).
+SELECTION_COUNTRIES = (
+    "Afghanistan", "Armenia", "Austria", "Bangladesh", "Belgium", "Canada", "Estonia", "Ethiopia",
+    "Finland", "Germany", "Iran", "Iraq", "Lebanon", "Malaysia", "North Korea", "Pakistan",
+    "Senegal", "Uganda", "Venezuela",
+)  # fmt: skip
+# A panel seed that no documented run used (README runs: seeds 0-2, see "What you will see"), so
+# the held-out items are drawn afresh; 200 items keep the step near three minutes on two cores.
+DEMO_SEED = 2026
+DEMO_HELDOUT = 200
 DEMO_WORKERS = 2
-DEMO_PROMPT = "The capital of France is"
+# A prompt whose greedy answer changes, found by generating 24 countries x 3 shot sets with and
+# without the heads (README, "What you will see"): intact SmolLM2 answers Lahore, one of
+# Pakistan's largest cities; without the three heads, Islamabad, its capital.
+DEMO_PROMPT = "Germany: Berlin\nSpain: Madrid\nPeru: Lima\nPakistan:"
+# Wall times of each step on the 2-core VM (README, "What you will see"), printed at the start.
+STEP_SECONDS = {"theory": 15, "test-heads": 200, "localize": 40, "generate": 20}
 
 
 def register(subparsers, run_command) -> None:
     """Add `demo`; run_command(argv) -> exit status runs one `cel-numpy` command (the CLI's main)."""
     p = subparsers.add_parser(
-        "demo", help="what `make demo` runs: theory, a small SmolLM2 localization, generation"
+        "demo",
+        help="what `make demo` runs: theory, the capitals heads tested on SmolLM2, a "
+        "localization, generation with and without the heads",
     )
     p.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    p.add_argument(
-        "--task", default=DEMO_TASK, help=f"task for the SmolLM2 localization (default {DEMO_TASK})"
-    )
-    p.add_argument(
-        "--discovery",
-        type=int,
-        default=DEMO_DISCOVERY,
-        help=f"discovery panel size (default {DEMO_DISCOVERY})",
-    )
     p.add_argument(
         "--heldout",
         type=int,
         default=DEMO_HELDOUT,
-        help=f"held-out panel size (default {DEMO_HELDOUT})",
+        help=f"held-out items for the capitals test (default {DEMO_HELDOUT})",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=DEMO_SEED,
+        help=f"panel seed of the capitals test (default {DEMO_SEED}: no documented run used it)",
     )
     p.add_argument(
         "--workers",
@@ -56,7 +69,9 @@ def register(subparsers, run_command) -> None:
         help=f"worker processes (default {DEMO_WORKERS})",
     )
     p.add_argument(
-        "--theory-only", action="store_true", help="skip the SmolLM2 steps (no download)"
+        "--theory-only",
+        action="store_true",
+        help="only the theory steps (1 and 3): no SmolLM2 download",
     )
     p.set_defaults(func=run, run_command=run_command)
 
@@ -68,78 +83,146 @@ def _step(run_command, title: str, argv: list[str]) -> None:
         raise SystemExit(status)
 
 
-def check_localize_step(argv: list[str]) -> None:
-    """The localize step's options checked as `cel-numpy localize` checks them, before step 1
-    (a wrong --task or panel size fails in one line, not after the theory training)."""
-    import argparse
+def plan(args) -> list[tuple[str, str, list[str]]]:
+    """The demo's steps: (key, title, argv) in order."""
+    out = Path(args.out)
+    steps = [
+        (
+            "theory",
+            "1/4 theory: two tasks, one conflicting feature, one head",
+            ["theory", "--out", str(out / "theory"), "--quiet"],
+        )
+    ]
+    if not args.theory_only:
+        steps.append(
+            (
+                "test-heads",
+                f"2/4 the capitals heads {CAPITALS_HEADS} on SmolLM2-135M-Instruct, tested on a "
+                f"fresh held-out panel (seed {args.seed}, {args.heldout} items)",
+                [
+                    "test-heads",
+                    "--model",
+                    "smollm2",
+                    "--task",
+                    "capitals",
+                    "--heads",
+                    CAPITALS_HEADS,
+                    "--heldout",
+                    str(args.heldout),
+                    "--seed",
+                    str(args.seed),
+                    "--workers",
+                    str(args.workers),
+                    "--out",
+                    str(out / "capitals-heads"),
+                ],
+            )
+        )
+    steps.append(
+        (
+            "localize",
+            "3/4 localize: the two-stage search and its report, on the theory model",
+            [
+                "localize",
+                "--model",
+                "theory",
+                "--task",
+                "A",
+                "--discovery",
+                "200",
+                "--heldout",
+                "200",
+                "--out",
+                str(out / "localize-theory"),
+            ],
+        )
+    )
+    if not args.theory_only:
+        steps.append(
+            (
+                "generate",
+                f"4/4 generate: SmolLM2 intact, then without {CAPITALS_HEADS}",
+                [
+                    "generate",
+                    "--model",
+                    "smollm2",
+                    DEMO_PROMPT,
+                    "--max-new-tokens",
+                    "4",
+                    "--ablate",
+                    CAPITALS_HEADS,
+                ],
+            )  # fmt: skip
+        )
+    for i, (key, title, argv) in enumerate(steps):  # renumber when steps are skipped
+        steps[i] = (key, f"{i + 1}/{len(steps)}{title[3:]}", argv)
+    return steps
 
-    from cel_numpy.localize import cli as localize_cli
 
-    parser = argparse.ArgumentParser(prog="cel-numpy")
-    localize_cli.register(parser.add_subparsers())
-    args = parser.parse_args(argv)
-    localize_cli.check_options(args)
-    task, cross = localize_cli.lm_tasks(args)
-    localize_cli.check_panel_sizes(task, cross, args.discovery, args.heldout)
+def split_by_selection(run_dir: Path) -> str:
+    """A test-heads run's held-out result on the items whose country chose the heads, and on the
+    rest (countries the selection never saw): one line each."""
+    import json
+
+    from cel_numpy.localize.stats import mcnemar_exact
+
+    items = [json.loads(line) for line in (run_dir / "panels" / "heldout.jsonl").open()]
+    verdict: dict[tuple[bool, str], bool] = {}
+    for line in (run_dir / "heldout.jsonl").open():
+        r = json.loads(line)
+        if r.get("panel", "heldout") == "heldout":
+            verdict[(r["block"] == "intact", r["item"])] = bool(r["correct"])
+    lines = []
+    for label, inside in (
+        ("asking a country that chose the heads", True),
+        ("asking any other", False),
+    ):
+        ids = [it["id"] for it in items if (it["cluster"] in SELECTION_COUNTRIES) == inside]
+        rescued = sum(verdict[(False, i)] and not verdict[(True, i)] for i in ids)
+        damaged = sum(verdict[(True, i)] and not verdict[(False, i)] for i in ids)
+        countries = len({it["cluster"] for it in items if it["id"] in set(ids)})
+        lines.append(
+            f"  {len(ids)} items ({countries} countries) {label}: rescued {rescued}, damaged "
+            f"{damaged}, exact McNemar p = {mcnemar_exact(rescued, damaged):.2g}"
+        )
+    return "\n".join(lines)
+
+
+def check_options(args) -> None:
+    """The demo's own options, checked before step 1 (one line, not after the theory training)."""
+    from cel_numpy.errors import OptionError
+
+    if args.heldout < 1 or args.seed < 0 or args.workers < 1:
+        raise OptionError(
+            f"--heldout and --workers must be >= 1 and --seed >= 0 "
+            f"(got {args.heldout}, {args.workers}, {args.seed})"
+        )
 
 
 def run(args) -> int:
     from cel_numpy.outdir import prepare_out
 
     out = Path(args.out)
-    if not args.theory_only:
-        check_localize_step(
-            ["localize", "--model", "smollm2", "--task", args.task, "--discovery",
-             str(args.discovery), "--heldout", str(args.heldout), "--cross-tasks", "none",
-             "--workers", str(args.workers), "--out", str(out / f"localize-{args.task}")]
-        )  # fmt: skip
+    check_options(args)
     prepare_out(out)  # fails in one line, before any work, if the directory cannot be written
-    _step(
-        args.run_command,
-        "1/3 theory: two tasks, one conflicting feature, one head",
-        ["theory", "--out", str(out / "theory"), "--quiet"],
-    )
-    if args.theory_only:
-        print(f"\ndone (theory only). Summary: {out / 'theory' / 'summary.json'}")
-        return 0
-    loc = out / f"localize-{args.task}"
-    _step(
-        args.run_command,
-        f"2/3 localize on SmolLM2-135M-Instruct, task {args.task}",
-        [
-            "localize",
-            "--model",
-            "smollm2",
-            "--task",
-            args.task,
-            "--discovery",
-            str(args.discovery),
-            "--heldout",
-            str(args.heldout),
-            "--cross-tasks",
-            "none",
-            "--workers",
-            str(args.workers),
-            "--out",
-            str(loc),
-        ],
-    )
-    report = json.loads((loc / "report.json").read_text())
-    heads = report["primary"]["heads"]
-    spec = heads_name(heads)
-    _step(
-        args.run_command,
-        "3/3 generate: intact",
-        ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8"],
-    )
-    _step(
-        args.run_command,
-        f"3/3 generate: rank-1 head set {spec} removed",
-        ["generate", "--model", "smollm2", DEMO_PROMPT, "--max-new-tokens", "8", "--ablate", spec],
-    )
+    steps = plan(args)
+    total = sum(STEP_SECONDS[key] for key, _, _ in steps)
     print(
-        f"\nWhere to look:\n  theory summary and figures: {out / 'theory'}\n"
-        f"  localization report:        {loc / 'report.md'} (figures beside it)\n",
-        file=sys.stdout,
+        f"cel-numpy demo: {len(steps)} steps, about {max(1, round(total / 60))} minutes on a "
+        f"2-core machine"
+        + ("" if args.theory_only else " (plus a 98 MB download the first time)")
+        + ": "
+        + ", ".join(f"{key} ~{STEP_SECONDS[key]} s" for key, _, _ in steps),
+        flush=True,
     )
+    start = time.perf_counter()
+    for key, title, argv in steps:
+        _step(args.run_command, title, argv)
+        if key == "test-heads":
+            print(split_by_selection(out / "capitals-heads"), flush=True)
+    where = [f"  theory summary and figures: {out / 'theory'}"]
+    if not args.theory_only:
+        where.append(f"  capitals heads report:      {out / 'capitals-heads' / 'report.md'}")
+    where.append(f"  localization report:        {out / 'localize-theory' / 'report.md'}")
+    print(f"\ndone in {time.perf_counter() - start:.0f} s. Where to look:\n" + "\n".join(where))
     return 0

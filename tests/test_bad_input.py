@@ -835,10 +835,11 @@ CASES = [
         r"--cross-tasks: 'ioi' is given twice",
     ),
     Case(
-        "demo-task",
-        "demo --task capital (checked before the theory step)",
-        lambda t: ["demo", "--out", str(t / "demo"), "--task", "capital"],
-        r"^cel-numpy demo: error: unknown task 'capital'; known tasks: ",
+        "demo-heldout",
+        "demo --heldout 0 (checked before the theory step)",
+        lambda t: ["demo", "--out", str(t / "demo"), "--heldout", "0"],
+        r"^cel-numpy demo: error: --heldout and --workers must be >= 1 and --seed >= 0 "
+        r"\(got 0, 2, 2026\)$",
     ),
     # ------------------------------------------------------------------ run directories
     Case(
