@@ -256,8 +256,24 @@ def test_localization_ranking_fast_equals_naive(tmp_path):
             command="test",
             until="joint",
         )
-    assert runs[True]["screen"] == runs[False]["screen"]
-    assert runs[True]["joint"] == runs[False]["joint"]
+    for stage in ("screen", "joint"):
+        fast, naive = runs[True][stage], runs[False][stage]
+        assert fast["ranking"] == naive["ranking"]
+        assert without_logprob(fast) == without_logprob(naive)
+        np.testing.assert_allclose(  # float64: the two engines agree to rounding
+            [c["logprob_change"] for c in fast["conditions"]],
+            [c["logprob_change"] for c in naive["conditions"]],
+            rtol=1e-9,
+            atol=1e-12,
+        )
+
+
+def without_logprob(summary: dict) -> dict:
+    """A stage summary with the float log-probability changes left out (compared apart)."""
+    conditions = [
+        {k: v for k, v in c.items() if k != "logprob_change"} for c in summary["conditions"]
+    ]
+    return {**summary, "conditions": conditions}
 
 
 # --------------------------------------------------------------------------- SmolLM2 (must fail, not skip)

@@ -56,11 +56,18 @@ def _check(tie_break: str) -> None:
         raise ValueError(f"tie_break must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}")
 
 
+LOGPROB_RESOLUTION = 6  # decimals (nats) the tie-break reads: smaller differences are ties
+
+
 def _informed(s: Scored) -> float:
-    """Larger increases first; a condition without a recorded change sorts after those with one."""
+    """Larger increases first; a condition without a recorded change sorts after those with one.
+
+    Read to 1e-6 nats, so that the reference evaluator and the fast engine, whose log-probabilities
+    agree to float rounding, rank identically (a difference below that is float noise, not signal).
+    """
     if s.logprob_change is None or math.isnan(s.logprob_change):
         return math.inf
-    return -s.logprob_change
+    return -round(s.logprob_change, LOGPROB_RESOLUTION)
 
 
 def key_names(joint: bool, tie_break: str = "coordinates") -> tuple[str, ...]:
