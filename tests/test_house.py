@@ -160,12 +160,12 @@ def test_reference_check_sees_planted_breakage(tmp_path):
     src = tmp_path / "mod.py"
     src.write_text(
         "# see docs/guide.md#the-theory-world and docs/guide.md\n"  # fine
-        "# see DESIGN.md section 3\n"  # no such file
+        "# see NOTES.md section 3\n"  # no such file
         "# see docs/guide.md#protocol\n"  # no such heading
         "# a run writes report.md\n"  # allowed: written by runs
     )
     assert broken_references([src], tmp_path) == [
-        "mod.py:2: DESIGN.md is not a file in the repo",
+        "mod.py:2: NOTES.md is not a file in the repo",
         "mod.py:3: docs/guide.md has no heading #protocol",
     ]
 
