@@ -1,7 +1,8 @@
 """Benchmark of the real workload: a singleton head screen of a generate task, ours vs torch.
 
-    PYTHONPATH=. /work/main/.venv-ref/bin/python bench/bench_screen.py                # with torch
-    ... --tasks capitals --sizes 20,50 --sample-heads 10 --all-heads --workers-heads 32
+    PYTHONPATH=. .venv-ref/bin/python bench/bench_screen.py                # with torch
+    ... --tasks capitals --sizes 20,50 --sample-heads 10 --workers-heads 32
+    ... --model qwen2.5-coder-0.5b --tasks arithmetic_chat --sizes 20 --workers-heads 0
 
 Not a test: one invocation prints one table of times and ratios. Per task and discovery size D
 (items from the task's discovery panel, seed 0), every timed path screens the same heads (10
@@ -17,8 +18,11 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
   torch generate       transformers + torch as a user would screen: a forward pre-hook on
                        o_proj zeroing the head's slice of its input, batched greedy
                        `model.generate` (KV cache, left padding, same batch size) with the same
-                       stop rule (eos, a StoppingCriteria for the stop text, max_new_tokens);
-                       the model is a LlamaForCausalLM holding our dequantized weights
+                       stop rule (eos, a StoppingCriteria for the stop text, max_new_tokens)
+                       on the same token ids (a chat task's prompt rendered in the model's chat
+                       template); for SmolLM2 a LlamaForCausalLM holding our dequantized
+                       weights, for a Qwen2 GGUF transformers' own reader of the same file
+                       (`from_pretrained(..., gguf_file=...)`, dequantized by `gguf`)
   verdicts             per head and item, ours == torch (answers and correctness), and
                        ours == every switched-off variant (answers, correctness, ref_logprob)
   all heads            estimated as the one-off work (intact drafts, first intact passes: timed
@@ -113,13 +117,13 @@ def _warm(ev, items):
     return os.getpid()
 
 
-def screen_workers(task_name, items, heads, workers: int) -> float:
+def screen_workers(spec, task_name, items, heads, workers: int) -> float:
     """Seconds of the screen through `workers` spawned processes, one BLAS thread each."""
     os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     ctx = multiprocessing.get_context("spawn")
     task = get_task(task_name)
-    model = cn.load_model("smollm2")
-    ev = LMEvaluator(model, task, batch_size=16, spec="smollm2")
+    model = cn.load_model(spec)
+    ev = LMEvaluator(model, task, batch_size=16, spec=spec)
     conds = [((l, h),) for l, h in heads]
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         pids = {f.result() for f in [pool.submit(_warm, ev, items) for _ in range(workers)]}
@@ -142,7 +146,7 @@ def screen_torch(model, ref, task, items, heads, batch_size=16):
     tok = model.tokenizer
     rule = stop_rule(task, tok)
     E = model.config.d_head
-    prompts = [reference_ids_plain(model, it) for it in items]
+    prompts = [prompt_ids(model, task, it) for it in items]
     pad = model.pad_id
 
     class StopText(transformers.StoppingCriteria):
@@ -184,14 +188,27 @@ def screen_torch(model, ref, task, items, heads, batch_size=16):
     return time.perf_counter() - t0, results
 
 
-def reference_ids_plain(model, item):
+def prompt_ids(model, task, item) -> list[int]:
+    """The token ids our evaluator feeds for `item` (a chat task: one user message, templated)."""
+    if getattr(task, "chat", False):
+        return list(model.encode_chat_text(model.chat([{"role": "user", "content": item.prompt}])))
     return list(model.tokenizer.encode(item.prompt))
+
+
+def torch_reference(model, spec: str):
+    """transformers + torch doing the same model: see the module docstring."""
+    if model.config.family == "llama":
+        return torch_llama_from(model)
+    path = Path(model.source)
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 # --------------------------------------------------------------------------- FLOP floor
 
 
-def floor_flops(model, items, heads, answers: dict) -> float:
+def floor_flops(model, task, items, heads, answers: dict) -> float:
     """Multiply-adds x 2 that an exact singleton screen of `heads` cannot avoid (docstring)."""
     c = model.config
     H, G, E, D, F, V, L = (c.n_heads, c.n_kv_heads, c.d_head, c.d_model, c.d_mlp,
@@ -199,7 +216,7 @@ def floor_flops(model, items, heads, answers: dict) -> float:
     n_mlp = 3 if c.family != "gpt2" else 2
     qkv, kv, wo, mlp = D * (H + 2 * G) * E, D * 2 * G * E, H * E * D, n_mlp * D * F
     total = 0.0
-    prompt_len = [len(model.tokenizer.encode(it.prompt)) for it in items]
+    prompt_len = [len(prompt_ids(model, task, it)) for it in items]
     for b, T0 in enumerate(prompt_len):  # one intact forward of the panel
         T = T0 + len(answers[None][b])
         total += (
@@ -288,7 +305,7 @@ def bench_task(model, ref, task_name, D, args, rows):
     for hd in sample:
         answers[hd] = [tok.encode(r.answer) for r in ours[hd]]
     peak, shape = gemm_peak(3)
-    floor = floor_flops(model, items, sample, answers) / (peak * 1e9)
+    floor = floor_flops(model, task, items, sample, answers) / (peak * 1e9)
     rows.append((tag, "FLOP floor, sampled heads", f"{floor:.1f} s",
                  f"GEMM peak {peak:.0f} GFLOP/s ({shape}); ours {t_ours / floor:.2f}x floor (target <= 1.7)"))  # fmt: skip
     if ref is not None:
@@ -318,6 +335,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    ap.add_argument("--model", default="smollm2", help="smollm2 or qwen2.5-coder-0.5b")
     ap.add_argument("--tasks", default="capitals")
     ap.add_argument("--sizes", default="20,50")
     ap.add_argument("--sample-heads", type=int, default=10)
@@ -330,11 +348,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args(argv)
     load_before = load()
-    model = cn.load_model("smollm2")
+    model = cn.load_model(args.model)
     ref = None
     if torch is not None and not args.no_torch:
         torch.set_grad_enabled(False)
-        ref = torch_llama_from(model)
+        ref = torch_reference(model, args.model)
     rows: list = []
     for task_name in args.tasks.split(","):
         for D in [int(x) for x in args.sizes.split(",") if x]:
@@ -345,8 +363,8 @@ def main(argv=None) -> int:
         heads = [(l, h) for l in range(model.config.n_layers) for h in range(model.config.n_heads)]
         sample = spread(heads, args.workers_heads)
         sample = sample[0::2] + sample[1::2]  # chunks of 8 mixing low and high layers (balanced)
-        t1 = screen_workers(task_name, items, sample, 1)
-        t2 = screen_workers(task_name, items, sample, 2)
+        t1 = screen_workers(args.model, task_name, items, sample, 1)
+        t2 = screen_workers(args.model, task_name, items, sample, 2)
         tag = f"{task_name} D=20"
         rows.append(
             (tag, f"workers: 1 process, 1 BLAS thread, {len(sample)} heads", f"{t1:.1f} s", "")
