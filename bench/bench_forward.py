@@ -1,7 +1,7 @@
 """Benchmark: intact forward and a full singleton head screen, cel-numpy vs transformers + torch.
 
-    PYTHONPATH=. .venv-ref/bin/python bench/bench_forward.py            # with torch (the reference venv)
-    PYTHONPATH=. .venv/bin/python bench/bench_forward.py                # ours only
+    PYTHONPATH=. .venv-ref/bin/python bench/bench_forward.py       # with torch (the reference venv)
+    PYTHONPATH=. .venv/bin/python bench/bench_forward.py           # ours only
     ... --models gpt2 --batch 64 --tokens 16 --repeats 5 --sweep-heads 12
 
 Not a test: prints one table of medians and ratios from one invocation. Models:
@@ -288,7 +288,8 @@ def bench_model(name: str, args, rows: list) -> None:
     t_screen = time.perf_counter() - t0
     _, screen_mem = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    # (tracemalloc only hooks allocations: a screen is a few hundred large arrays, so no measurable cost)
+    # (tracemalloc only hooks allocations: a screen is a few hundred large arrays, so no
+    # measurable cost)
     print(f"fast screen {t_screen:.1f} s", flush=True)
     fast_ok = {hd: (v == target) for hd, v in zip(heads, verdict)}
 
@@ -398,8 +399,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if torch is None:
         print(
-            "torch/transformers not importable: timing ours only. For the comparison run this with the "
-            "reference venv, or: pip install torch==2.13.0 transformers",
+            "torch/transformers not importable: timing ours only. For the comparison run this "
+            "with the reference venv, or: pip install torch==2.13.0 transformers",
             file=sys.stderr,
         )
     else:

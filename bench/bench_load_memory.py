@@ -27,7 +27,9 @@ t0 = time.perf_counter()
 model = cel_numpy.models.loaders.load_model(path)
 seconds = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({{"base": base, "peak": peak, "weights": model.weight_bytes(), "seconds": seconds}}))
+print(json.dumps({{
+    "base": base, "peak": peak, "weights": model.weight_bytes(), "seconds": seconds
+}}))
 """
 
 
@@ -42,7 +44,8 @@ def main() -> None:
         m = json.loads(out.stdout.strip().splitlines()[-1])
         ratio = (m["peak"] - m["base"]) / m["weights"]
         print(
-            f"{name}: float32 weights {m['weights'] / 1e9:.3f} GB; peak RSS {m['peak'] / 1e9:.3f} GB "
+            f"{name}: float32 weights {m['weights'] / 1e9:.3f} GB; "
+            f"peak RSS {m['peak'] / 1e9:.3f} GB "
             f"(baseline {m['base'] / 1e9:.3f} GB); load cost {ratio:.2f}x the weights, "
             f"peak/weights {m['peak'] / m['weights']:.2f}x; {m['seconds']:.0f} s"
         )

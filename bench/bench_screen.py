@@ -11,10 +11,10 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
 
   ours                 `LMEvaluator` fast path with every saving (prefix tree, forced answers
                        verified along the reference and the intact model's answer)
-  ours -<saving>       (at --variant-size only) the same with one saving switched off: intact_cache (the intact pass
-                       redone per call), share_prefix, intact_drafts
-                       (reference draft only), forced (prompt pass + KV-cache decoding, the
-                       engine before forced answers)
+  ours -<saving>       (at --variant-size only) the same with one saving switched off:
+                       intact_cache (the intact pass redone per call), share_prefix,
+                       intact_drafts (reference draft only), forced (prompt pass + KV-cache
+                       decoding, the engine before forced answers)
   torch generate       transformers + torch as a user would screen: a forward pre-hook on
                        o_proj zeroing the head's slice of its input, batched greedy
                        `model.generate` (KV cache, left padding, same batch size) with the same
@@ -284,7 +284,8 @@ def bench_task(model, ref, task_name, D, args, rows):
     full = once + scale * t_ours  # the whole screen: one-off work once, the heads scaled
     n = len(sample) * D
     rows.append((tag, f"ours, {len(sample)} heads (median of {args.repeats})", f"{t_ours:.1f} s",
-                 f"{1e3 * t_ours / n:.1f} ms per (condition x item); one-off per panel {once:.1f} s"))  # fmt: skip
+                 f"{1e3 * t_ours / n:.1f} ms per (condition x item); "
+                 f"one-off per panel {once:.1f} s"))  # fmt: skip
     rows.append((tag, f"ours, all {len(heads)} heads (estimated)", f"{full:.0f} s",
                  f"{1e3 * full / (len(heads) * D):.1f} ms per (condition x item)"))  # fmt: skip
     for name in variants:
@@ -292,11 +293,15 @@ def bench_task(model, ref, task_name, D, args, rows):
             continue
         o, t = med([o for o, _ in times[name]]), med([t for _, t in times[name]])
         same = all(
-            [(r.answer, r.correct) for r in results[name][hd]] == [(r.answer, r.correct) for r in ours[hd]]
-            and np.allclose([r.ref_logprob for r in results[name][hd]], [r.ref_logprob for r in ours[hd]], atol=1e-3)
+            [(r.answer, r.correct) for r in results[name][hd]]
+            == [(r.answer, r.correct) for r in ours[hd]]
+            and np.allclose([r.ref_logprob for r in results[name][hd]],
+                            [r.ref_logprob for r in ours[hd]], atol=1e-3)
             for hd in sample
         )  # fmt: skip
-        rows.append((tag, name, f"{o + scale * t:.0f} s", f"{(o + scale * t) / full:.2f}x ours (all heads, est.); same results: {same}"))  # fmt: skip
+        rows.append((tag, name, f"{o + scale * t:.0f} s",
+                     f"{(o + scale * t) / full:.2f}x ours (all heads, est.); "
+                     f"same results: {same}"))  # fmt: skip
 
     # the answers' tokens for the floor: each sampled head's, and the intact ones
     tok = model.tokenizer
@@ -307,7 +312,8 @@ def bench_task(model, ref, task_name, D, args, rows):
     peak, shape = gemm_peak(3)
     floor = floor_flops(model, task, items, sample, answers) / (peak * 1e9)
     rows.append((tag, "FLOP floor, sampled heads", f"{floor:.1f} s",
-                 f"GEMM peak {peak:.0f} GFLOP/s ({shape}); ours {t_ours / floor:.2f}x floor (target <= 1.7)"))  # fmt: skip
+                 f"GEMM peak {peak:.0f} GFLOP/s ({shape}); "
+                 f"ours {t_ours / floor:.2f}x floor (target <= 1.7)"))  # fmt: skip
     if ref is not None:
         tt = med(t_torch)
         same = all([(r.answer, r.correct) for r in ours[hd]] == theirs[hd] for hd in sample)
@@ -315,7 +321,8 @@ def bench_task(model, ref, task_name, D, args, rows):
             a != (r.answer, r.correct) for hd in sample for a, r in zip(theirs[hd], ours[hd])
         )
         rows.append((tag, f"torch hook + generate, {len(sample)} heads", f"{tt:.1f} s",
-                     f"{tt / floor:.2f}x floor; ours {tt / t_ours:.2f}x faster on the sample"))  # fmt: skip
+                     f"{tt / floor:.2f}x floor; "
+                     f"ours {tt / t_ours:.2f}x faster on the sample"))  # fmt: skip
         rows.append((tag, "torch, all heads (scaled)", f"{scale * tt:.0f} s",
                      f"ours **{scale * tt / full:.2f}x** faster (target >= 3)"))  # fmt: skip
         rows.append(
@@ -378,8 +385,10 @@ def main(argv=None) -> int:
             )
         )
     print(
-        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}"
-        + (f", torch {torch.__version__} ({torch.get_num_threads()} threads), transformers {transformers.__version__}" if ref is not None else "")
+        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"numpy {np.__version__}"
+        + (f", torch {torch.__version__} ({torch.get_num_threads()} threads), "
+           f"transformers {transformers.__version__}" if ref is not None else "")
         + f"; load average (1, 5, 15 min) before {load_before}, after {load()}"
     )  # fmt: skip
     w = max(len(r[1]) for r in rows)

@@ -47,7 +47,8 @@ def torch_setup(batches: list, n_types: int):
 
 
 def torch_steps(params: dict, tbatches: list, lr: float) -> dict:
-    """The same model in torch: y_hat = sum_h sum_i softmax_i(K_h[t_i]) V_h.z_i, autograd backward."""
+    """The same model in torch: y_hat = sum_h sum_i softmax_i(K_h[t_i]) V_h.z_i,
+    autograd backward."""
     import torch
 
     K = torch.tensor(params["K"], requires_grad=True)  # (H, T)
@@ -88,26 +89,30 @@ def main() -> None:
         lambda: [sample_batch(rng, cfg.world, cfg.batch_size) for _ in range(args.steps)], 1
     )
     print(
-        f"theory default config: H={cfg.n_heads} B={cfg.batch_size} N={cfg.n_tokens} T={cfg.n_types} m={cfg.d_content}, "
-        f"float64, {args.steps} steps x {args.repeats} repeats (median), python {platform.python_version()}"
+        f"theory default config: H={cfg.n_heads} B={cfg.batch_size} N={cfg.n_tokens} "
+        f"T={cfg.n_types} m={cfg.d_content}, float64, {args.steps} steps x {args.repeats} "
+        f"repeats (median), python {platform.python_version()}"
     )
     print(f"batch sampling (NumPy, not in the step times): {args.steps / t_sample:9.0f} batches/s")
 
     t_np, p_np = timed(lambda: numpy_steps(params, batches, cfg.lr), args.repeats)
     np_rate = args.steps / t_np
     print(
-        f"numpy  forward+backward+update:              {np_rate:9.0f} steps/s   (numpy {np.__version__})"
+        f"numpy  forward+backward+update:              {np_rate:9.0f} steps/s   "
+        f"(numpy {np.__version__})"
     )
     per_step = (t_np + t_sample) / args.steps
     print(
-        f"numpy  full default training ({cfg.steps} steps, incl. sampling, no log): ~{cfg.steps * per_step:.1f} s"
+        f"numpy  full default training ({cfg.steps} steps, incl. sampling, no log): "
+        f"~{cfg.steps * per_step:.1f} s"
     )
 
     try:
         import torch
     except ImportError:
         print(
-            "torch not importable: no comparison (run with an interpreter that has torch, e.g. .venv-ref)"
+            "torch not importable: no comparison (run with an interpreter that has torch, "
+            "e.g. .venv-ref)"
         )
         return
     tbatches = torch_setup(batches, cfg.n_types)
@@ -121,14 +126,16 @@ def main() -> None:
         rates[threads] = args.steps / t_t
         diff = max(float(np.max(np.abs(p_np[k] - p_t[k]))) for k in params)
         print(
-            f"torch  forward+backward(autograd)+update:    {rates[threads]:9.0f} steps/s   (torch {torch.__version__}, "
-            f"{threads} thread{'s' if threads > 1 else ''}; max |params numpy - torch| after {args.steps} steps {diff:.1e})"
+            f"torch  forward+backward(autograd)+update:    {rates[threads]:9.0f} steps/s   "
+            f"(torch {torch.__version__}, {threads} thread{'s' if threads > 1 else ''}; "
+            f"max |params numpy - torch| after {args.steps} steps {diff:.1e})"
         )
     torch.set_num_threads(default_threads)
     best = max(rates, key=rates.get)
     print(
-        f"ratio numpy / torch steps per second: {np_rate / rates[best]:.2f} against torch's faster setting "
-        f"({best} thread{'s' if best > 1 else ''}); {np_rate / rates[default_threads]:.2f} against its default  (goal >= 1)"
+        f"ratio numpy / torch steps per second: {np_rate / rates[best]:.2f} against torch's "
+        f"faster setting ({best} thread{'s' if best > 1 else ''}); "
+        f"{np_rate / rates[default_threads]:.2f} against its default  (goal >= 1)"
     )
 
 

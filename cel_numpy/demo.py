@@ -43,7 +43,8 @@ STEP_SECONDS = {"theory": 15, "test-heads": 200, "localize": 40, "generate": 20}
 
 
 def register(subparsers, run_command) -> None:
-    """Add `demo`; run_command(argv) -> exit status runs one `cel-numpy` command (the CLI's main)."""
+    """Add `demo`; run_command(argv) -> exit status runs one `cel-numpy` command
+    (the CLI's main)."""
     p = subparsers.add_parser(
         "demo",
         help="what `make demo` runs: theory, the capitals heads tested on SmolLM2, a "

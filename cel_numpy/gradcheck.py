@@ -32,7 +32,8 @@ def rel_error(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def numerical_gradient(f: Callable[[], float], x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """d f / d x for every element of x by central differences; x is perturbed in place and restored.
+    """d f / d x for every element of x by central differences; x is perturbed in
+    place and restored.
 
     f takes no arguments and must read x (a float64 array) when called.
     """

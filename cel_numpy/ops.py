@@ -7,8 +7,8 @@ Every op is two plain functions:
     dx         = foo_backward(dout, cache)     # ops without parameters
 
 `grads` has exactly the keys of the op's parameters. Caches are frozen dataclasses so a
-debugger shows named fields. Shapes use the glossary of docs/design.md#shapes-and-names: `...` is any leading
-batch shape (usually (B, T)), D the feature size.
+debugger shows named fields. Shapes use the glossary of docs/design.md#shapes-and-names: `...`
+is any leading batch shape (usually (B, T)), D the feature size.
 """
 
 from __future__ import annotations

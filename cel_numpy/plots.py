@@ -43,7 +43,8 @@ def _save(fig, path: str | os.PathLike) -> None:
 
 
 def plot_theory_task_losses(log: dict, closed_form: dict, path: str | os.PathLike) -> None:
-    """log: {"step": (L,), "loss_a": (L,), "loss_b": (L,), "loss_joint": (L,)}; closed_form {joint, a, b}."""
+    """log: {"step": (L,), "loss_a": (L,), "loss_b": (L,), "loss_joint": (L,)};
+    closed_form {joint, a, b}."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for key, name, color in (

@@ -1,4 +1,5 @@
-"""Write an executed notebook of every tutorial into tutorials/notebooks/ (what `make notebooks` runs).
+"""Write an executed notebook of every tutorial into tutorials/notebooks/
+(what `make notebooks` runs).
 
     python scripts/make_notebooks.py [--fast] [--only 04_smollm2] [--timeout 3600]
 
@@ -8,7 +9,8 @@ tutorial that looked for files beside itself would fail here), and written with 
 figures to tutorials/notebooks/NN_name.ipynb. tests/test_notebooks.py checks that every committed
 notebook's cells equal its script's, so a notebook never drifts from the script it shows.
 
-Needs the `notebooks` extra: pip install -e '.[notebooks]' (jupytext, nbclient, nbformat, ipykernel).
+Needs the `notebooks` extra: pip install -e '.[notebooks]'
+(jupytext, nbclient, nbformat, ipykernel).
 --fast runs the tutorials as the test suite does (CEL_NUMPY_FAST=1: fewer heads, fewer steps).
 """
 
@@ -48,7 +50,7 @@ def build(script: Path, timeout: int) -> nbformat.NotebookNode:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--fast", action="store_true", help="run with CEL_NUMPY_FAST=1")
     parser.add_argument("--only", action="append", help="tutorial stem(s) to (re)build")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per cell")

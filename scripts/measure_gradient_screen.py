@@ -1,6 +1,7 @@
 """How well does the one-pass gradient screen predict the exact singleton screen? (issue #6)
 
-    .venv/bin/python scripts/measure_gradient_screen.py --tasks ioi,agreement,antonyms,capitals,arithmetic \
+    .venv/bin/python scripts/measure_gradient_screen.py \
+        --tasks ioi,agreement,antonyms,capitals,arithmetic \
         --discovery 20 --heldout 300 [--runs /work/results2] [--out gradient_screen.json]
 
 For each task, on the discovery panel the routine would build (make_panels(task, discovery,
@@ -46,7 +47,8 @@ def from_run(run: Path, items, n_layers: int, n_heads: int) -> dict:
     manifest = json.loads((run / "manifest.json").read_text())
     if manifest["panel_hashes"]["discovery"] != items_hash(items):
         raise SystemExit(
-            f"{run}: its discovery panel is not this one (hash differs): pass matching --discovery/--heldout/--seed"
+            f"{run}: its discovery panel is not this one (hash differs): "
+            "pass matching --discovery/--heldout/--seed"
         )
     screen = json.loads((run / "screen.done.json").read_text())
     gain = np.zeros((n_layers, n_heads))
@@ -81,8 +83,8 @@ def main() -> None:
     L, H = model.config.n_layers, model.config.n_heads
     rows = []
     print(
-        "| task | items | M intact | gradient s | exact s | ratio | Spearman vs exact M | top-10 overlap "
-        "| Spearman vs accuracy screen | nominees in gradient top 10 |"
+        "| task | items | M intact | gradient s | exact s | ratio | Spearman vs exact M "
+        "| top-10 overlap | Spearman vs accuracy screen | nominees in gradient top 10 |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.tasks.split(","):
@@ -121,8 +123,9 @@ def main() -> None:
         else:
             acc = "- | -"
         print(
-            f"| {name} | {len(items)} | {m_intact:+.3f} | {t1 - t0:.1f} | {t2 - t1:.0f} | {row['ratio']:.0f}x "
-            f"| {row['spearman_exact_metric']:+.2f} | {row['top10_overlap_exact_metric']}/10 | {acc} |",
+            f"| {name} | {len(items)} | {m_intact:+.3f} | {t1 - t0:.1f} | {t2 - t1:.0f} "
+            f"| {row['ratio']:.0f}x | {row['spearman_exact_metric']:+.2f} "
+            f"| {row['top10_overlap_exact_metric']}/10 | {acc} |",
             flush=True,
         )
         rows.append(row)

@@ -1,6 +1,7 @@
 """Intact accuracy per subtask of a model on a task, through the evaluator localize uses.
 
-    .venv/bin/python scripts/measure_intact.py --model qwen2.5-coder-0.5b --task arithmetic_chat --n 20
+    .venv/bin/python scripts/measure_intact.py --model qwen2.5-coder-0.5b \
+        --task arithmetic_chat --n 20
     .venv/bin/python scripts/measure_intact.py --model qwen2.5-coder-0.5b --task capitals --n 60
 
 For each subtask, `--n` distinct items drawn without replacement from its template space

@@ -85,13 +85,15 @@ def main() -> None:
         for it, ok in zip(items, correct):
             by_subtask[it.subtask].append(ok)
         print(
-            f"{name:14s} {task.scoring:8s} acc {np.mean(correct):.2f}  (n={len(items)}, {time.perf_counter() - t0:.0f}s)"
+            f"{name:14s} {task.scoring:8s} acc {np.mean(correct):.2f}  "
+            f"(n={len(items)}, {time.perf_counter() - t0:.0f}s)"
         )
         if len(by_subtask) > 1:
             print("    " + "  ".join(f"{s} {np.mean(v):.2f}" for s, v in by_subtask.items()))
         for it, out, ok in list(zip(items, outputs, correct))[: args.show]:
             print(
-                f"    {'ok ' if ok else 'BAD'} {it.prompt[-60:]!r} -> {out!r} (answer {it.answer!r})"
+                f"    {'ok ' if ok else 'BAD'} {it.prompt[-60:]!r} -> {out!r} "
+                f"(answer {it.answer!r})"
             )
 
 

@@ -37,8 +37,8 @@ def row(run: Path) -> str:
     return (
         f"| {r['task']['name']} | {intact['discovery']['correct']}/{intact['discovery']['n']}, "
         f"{intact['heldout']['correct']}/{intact['heldout']['n']} | {p['name']} | {gain(d)} | "
-        f"{gain(h)} [{h['ci_low']:+.3f}, {h['ci_high']:+.3f}] | {h['p_value']:.2g} | {cross or '-'} | "
-        f"{wall_minutes(run):.0f} min |"
+        f"{gain(h)} [{h['ci_low']:+.3f}, {h['ci_high']:+.3f}] | {h['p_value']:.2g} | "
+        f"{cross or '-'} | {wall_minutes(run):.0f} min |"
     )
 
 
@@ -47,8 +47,8 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     print(
-        "| task | intact (discovery, held-out) | rank-1 heads | discovery gain | held-out gain [95% CI] "
-        "| McNemar p | effect on other tasks (held-out gain) | wall |"
+        "| task | intact (discovery, held-out) | rank-1 heads | discovery gain "
+        "| held-out gain [95% CI] | McNemar p | effect on other tasks (held-out gain) | wall |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for arg in argv:

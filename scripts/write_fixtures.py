@@ -5,7 +5,8 @@ test run, which only reads the committed files). Run from the repo root:
 
     python3 -m venv .venv-ref
     .venv-ref/bin/pip install torch==2.13.0 transformers tokenizers safetensors numpy
-    .venv-ref/bin/python scripts/write_fixtures.py [--bpe-dir DIR_WITH_encoder.json_AND_vocab.bpe] [--only grads]
+    .venv-ref/bin/python scripts/write_fixtures.py \
+        [--bpe-dir DIR_WITH_encoder.json_AND_vocab.bpe] [--only grads]
 
 Deterministic: every random draw comes after torch.manual_seed(seed of that model). Written with
 torch 2.13.0, transformers 5.24.0, tokenizers 0.23.3.
@@ -14,9 +15,9 @@ Outputs:
   tiny_gpt2/, tiny_llama/, tiny_llama_tied/, tiny_qwen2/
       Hugging Face folders (config.json, generation_config.json, model.safetensors; float32) of
       randomly initialised GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM (Q/K/V biases,
-      4 query heads over 2 kv heads, rope base 1e6, untied unembedding). Weights are drawn wider than the
-      default init (matrices N(0, 0.2^2), norm gains 1 + 0.1 N, biases 0.1 N) so the logits are
-      far from zero and a wrong forward cannot pass by accident.
+      4 query heads over 2 kv heads, rope base 1e6, untied unembedding). Weights are drawn wider
+      than the default init (matrices N(0, 0.2^2), norm gains 1 + 0.1 N, biases 0.1 N) so the
+      logits are far from zero and a wrong forward cannot pass by accident.
   <name>_reference.npz, float64 outputs of the saved float32 weights cast to float64:
       input_ids       (3, 7) int64   left padded with pad id 0; real lengths 7, 5, 3
       attention_mask  (3, 7) int64   1 on real tokens
@@ -41,8 +42,9 @@ Outputs:
       loss            ()  float64    mean -log softmax(logits)[target] over scored positions
       grad_head_mask  (L, H) float64 dloss/dhead_mask
       grad.<tensor>   float32        dloss/d<tensor> for every tensor of model.safetensors, under
-                                     its checkpoint name and layout (float32 keeps the fixture small;
-                                     relative rounding 6e-8, far below the 1e-4 the test asks)
+                                     its checkpoint name and layout (float32 keeps the fixture
+                                     small; relative rounding 6e-8, far below the 1e-4 the test
+                                     asks)
       Written from the committed model folders: `--only grads` rewrites just these files.
   tiny_gpt2.npz
       tiny_gpt2 exported by scripts/export_gpt2_npz.py (cel-numpy's plain .npz format).
@@ -717,7 +719,8 @@ def write_tokenizer_fixture(bpe_dir: Path) -> None:
 # ---------------------------------------------------------------- Qwen2.5-Coder GGUF references
 
 QWEN2_PATTERN_REF = (  # as in transformers' Qwen2Converter and Qwen2's tokenizer.json
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 QWEN2_EXTRA_CORPUS = [
     "What is 48 plus 76?",
@@ -778,7 +781,8 @@ def _hf_gguf_tokenizer(path: Path):
 
 
 def _qwen2_tokenizers_reference(path: Path):
-    """`tokenizers` built from the GGUF's vocab and merges, configured like Qwen2's tokenizer.json."""
+    """`tokenizers` built from the GGUF's vocab and merges, configured like Qwen2's
+    tokenizer.json."""
     import gguf
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
     from tokenizers import pre_tokenizers as pre
@@ -832,9 +836,10 @@ def write_qwen2_tokenizer_fixture(path: Path) -> None:
     assert len(digits) == 5, "Qwen2 splits digits one by one"
     out = FIXTURES / "qwen2_tokenizer_reference.json"
     fixture = {
-        "description": "Qwen2.5-Coder-0.5B-Instruct GGUF tokenizer: ids from HF tokenizers built from "
-        "the GGUF vocabulary/merges with Qwen2's NFC + Split pre-tokenizer, equal to transformers' "
-        "GGUF tokenizer on the NFC form of every case; written by scripts/write_fixtures.py --only qwen2-real",
+        "description": "Qwen2.5-Coder-0.5B-Instruct GGUF tokenizer: ids from HF tokenizers built "
+        "from the GGUF vocabulary/merges with Qwen2's NFC + Split pre-tokenizer, equal to "
+        "transformers' GGUF tokenizer on the NFC form of every case; written by "
+        "scripts/write_fixtures.py --only qwen2-real",
         "gguf_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "tokenizers_version": tokenizers.__version__,
         "transformers_version": transformers.__version__,

@@ -111,8 +111,9 @@ class PlantedTask:
 
 
 def planted_model(rng, good=(0, 0), bad=(1, 1), n_layers=2, n_heads=3):
-    """Tiny GPT-2 (2 layers x 3 heads by default) with random weights, one head writing a constant push toward
-    "a" (the right answer) and a stronger head writing a constant push toward "b" (wrong).
+    """Tiny GPT-2 (2 layers x 3 heads by default) with random weights, one head writing a
+    constant push toward "a" (the right answer) and a stronger head writing a constant push
+    toward "b" (wrong).
 
     A constant-writing head: W_V = 0 and b_V = e_0, so z = e_0 whatever it attends to (attention
     rows sum to 1), and W_O maps e_0 to the push. Unembedding is tied: tokens "a" and "b" get
@@ -193,7 +194,8 @@ def localize_cli(argv: list[str]) -> int:
 
 
 def run_cli(argv: list[str]) -> tuple[int, str]:
-    """(exit status, stderr) of `cel-numpy ARGV`, in process; usage errors exit through SystemExit."""
+    """(exit status, stderr) of `cel-numpy ARGV`, in process; usage errors exit
+    through SystemExit."""
     from cel_numpy.cli import main
 
     err = io.StringIO()

@@ -149,7 +149,8 @@ def test_parity_with_torch_autograd(name, tmp_path):
 
 
 def test_first_order_estimate_is_exact_when_the_metric_is_linear_in_the_mask():
-    """One attention block, metric M = <r, out>: M is linear in m, so -m_h dM/dm_h = M(m_h = 0) - M(m)."""
+    """One attention block, metric M = <r, out>: M is linear in m, so
+    -m_h dM/dm_h = M(m_h = 0) - M(m)."""
     rng = np.random.default_rng(4)
     B, T, D, H, G, E = 2, 5, 12, 4, 2, 3
     params = {

@@ -1,4 +1,5 @@
-"""Bad input: damaged model files, odd text, impossible options -- one clear line each, never a crash.
+"""Bad input: damaged model files, odd text, impossible options -- one clear line each,
+never a crash.
 
 * CASES: every bad input of docs/bad_input.md, run through the real command line (`main`) in
   process: exactly one line on stderr, "cel-numpy CMD: error: ...", exit status 2, and the
@@ -247,7 +248,8 @@ CASES = [
             "--model",
             str(edit_config(copy_fixture(t, "tiny_llama"), model_type="mistral")),
         ],
-        r"config\.json: unsupported architecture 'mistral' in config\.json; supported model_type: gpt2, llama",
+        r"config\.json: unsupported architecture 'mistral' in config\.json; "
+        r"supported model_type: gpt2, llama",
     ),
     Case(
         "config-bad-value",
@@ -283,7 +285,8 @@ CASES = [
             "--model",
             str(_truncate(copy_fixture(t, "tiny_gpt2"), "model.safetensors", 0.5)),
         ],
-        r"model\.safetensors: tensor \S+ ends at byte \d+, past the end of the file \(\d+ bytes\); .*download it again",
+        r"model\.safetensors: tensor \S+ ends at byte \d+, past the end of the file \(\d+ bytes\); "
+        r".*download it again",
     ),
     Case(
         "safetensors-header-past-end",
@@ -297,7 +300,8 @@ CASES = [
                 )
             ),
         ],
-        r"model\.safetensors: the header claims 1000000000 bytes but the file has \d+ after its length field",
+        r"model\.safetensors: the header claims 1000000000 bytes but the file has \d+ after its "
+        r"length field",
     ),
     Case(
         "safetensors-garbage-header",
@@ -307,7 +311,8 @@ CASES = [
             "--model",
             str(_patch(copy_fixture(t, "tiny_gpt2"), "model.safetensors", 8, b"\xff" * 16)),
         ],
-        r"model\.safetensors: the safetensors header is not valid JSON; the file is damaged or truncated",
+        r"model\.safetensors: the safetensors header is not valid JSON; "
+        r"the file is damaged or truncated",
     ),
     Case(
         "wrong-file",
@@ -323,7 +328,8 @@ CASES = [
                 )
             ),
         ],
-        r"model\.safetensors: the header claims \d+ bytes but the file has \d+ after its length field: not a safetensors",
+        r"model\.safetensors: the header claims \d+ bytes but the file has \d+ after its length "
+        r"field: not a safetensors",
     ),
     Case(
         "wrong-dtype",
@@ -350,8 +356,8 @@ CASES = [
             "--model",
             str(edit_config(copy_fixture(t, "tiny_gpt2"), n_positions=128)),
         ],
-        r"tensor transformer\.wpe\.weight has shape \(64, 32\), the config needs \(128, 32\): the config and the "
-        r"weights do not belong together",
+        r"tensor transformer\.wpe\.weight has shape \(64, 32\), the config needs \(128, 32\): "
+        r"the config and the weights do not belong together",
     ),
     Case(
         "missing-tensor",
@@ -366,7 +372,8 @@ CASES = [
                 )
             ),
         ],
-        r"checkpoint has no tensor 'model\.layers\.1\.mlp\.up_proj\.weight' \(needed for blocks\.1\.mlp\.W_in\)",
+        r"checkpoint has no tensor 'model\.layers\.1\.mlp\.up_proj\.weight' "
+        r"\(needed for blocks\.1\.mlp\.W_in\)",
     ),
     Case(
         "too-many-layers",
@@ -474,7 +481,8 @@ CASES = [
     ),
     Case(
         "tokenizer-regex-backtracking",
-        "a pre_tokenizer regex that backtracks catastrophically (a or aa, repeated, then c; on 40 a's)",
+        "a pre_tokenizer regex that backtracks catastrophically (a or aa, repeated, then c; "
+        "on 40 a's)",
         lambda t: [
             "generate",
             "--model",
@@ -516,8 +524,8 @@ CASES = [
             "--model",
             str(_gguf(t, lambda d, p: d.__delitem__(slice(300, None)))),
         ],
-        r"tiny\.gguf: unreadable GGUF file \(IndexError: the header runs past the end of the file\); the file may be "
-        r"truncated or damaged: delete it and download it "
+        r"tiny\.gguf: unreadable GGUF file \(IndexError: the header runs past the end of the "
+        r"file\); the file may be truncated or damaged: delete it and download it "
         r"again \(cel-numpy fetch NAME, for a known model\)",
     ),
     Case(
@@ -528,15 +536,15 @@ CASES = [
             "--model",
             str(_gguf(t, lambda d, p: d.__delitem__(slice(len(d) - 100, None)))),
         ],
-        r"tiny\.gguf: unreadable GGUF file \(ValueError: tensor \S+ ends at byte \d+, past the end of the file "
-        r"\(\d+ bytes\)\); the file may be truncated",
+        r"tiny\.gguf: unreadable GGUF file \(ValueError: tensor \S+ ends at byte \d+, past the "
+        r"end of the file \(\d+ bytes\)\); the file may be truncated",
     ),
     Case(
         "gguf-array-length",
         "a GGUF metadata array whose length runs past the end (one bit flipped)",
         lambda t: ["inspect", "--model", str(_gguf(t, _gguf_array_length))],
-        r"tiny\.gguf: unreadable GGUF file \(ValueError: metadata array at byte \d+ claims \d+ items, more than "
-        r"the file holds\)",
+        r"tiny\.gguf: unreadable GGUF file \(ValueError: metadata array at byte \d+ claims \d+ "
+        r"items, more than the file holds\)",
     ),
     Case(
         "gguf-not-gguf",
@@ -552,13 +560,15 @@ CASES = [
         "gguf-architecture",
         "a GGUF file of an unsupported architecture (falcon)",
         lambda t: ["inspect", "--model", str(gguf_of_arch(t, "falcon"))],
-        r"falcon\.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2 \(use a GGUF",
+        r"falcon\.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2 "
+        r"\(use a GGUF",
     ),
     Case(
         "npz-not-zip",
         "a .npz file that is not a zip archive",
         lambda t: ["inspect", "--model", str(_write(t, "model.npz", b"\x00" * 100))],
-        r"model\.npz: not an \.npz file \(no zip signature\); not a cel-numpy \.npz export, or damaged",
+        r"model\.npz: not an \.npz file \(no zip signature\); not a cel-numpy \.npz export, "
+        r"or damaged",
     ),
     Case(
         "npz-truncated",
@@ -592,13 +602,15 @@ CASES = [
         "unknown-suffix",
         "a weights file of an unknown kind (weights.bin)",
         lambda t: ["inspect", "--model", str(_write(t, "weights.bin", b"\x00"))],
-        r"weights\.bin: don't know how to load this file: expected a Hugging Face folder, a \.gguf or a \.npz file",
+        r"weights\.bin: don't know how to load this file: expected a Hugging Face folder, "
+        r"a \.gguf or a \.npz file",
     ),
     Case(
         "unknown-model",
         "a model name that is neither known nor a path",
         lambda t: ["inspect", "--model", "llama-7b"],
-        r"model 'llama-7b' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b\), a Hugging Face folder, a \.gguf or a \.npz file",
+        r"model 'llama-7b' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b\), "
+        r"a Hugging Face folder, a \.gguf or a \.npz file",
     ),
     Case(
         "fetch-unknown",
@@ -622,8 +634,8 @@ CASES = [
             str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))),
             "x" * 60,
         ],
-        r"the prompt is 60 tokens; with --max-new-tokens 16 that is 76, more than the model's context of 64 "
-        r"tokens: shorten it",
+        r"the prompt is 60 tokens; with --max-new-tokens 16 that is 76, more than the model's "
+        r"context of 64 tokens: shorten it",
     ),
     Case(
         "prompt-not-unicode",
@@ -640,7 +652,8 @@ CASES = [
         "prompt-no-tokenizer",
         "text for a model without tokenizer files",
         lambda t: ["generate", "--model", str(copy_fixture(t, "tiny_gpt2")), "hello"],
-        r"was loaded without tokenizer files \(tokenizer\.json or vocab\.json \+ merges\.txt\): pass token ids",
+        r"was loaded without tokenizer files \(tokenizer\.json or vocab\.json \+ merges\.txt\): "
+        r"pass token ids",
     ),
     Case(
         "task-prompt-too-long",
@@ -653,9 +666,8 @@ CASES = [
             "--cross-tasks",
             "none",
         ),
-        r"task 'capitals' \((discovery|heldout) panel\): a prompt needs \d+ tokens with its answer, more than "
-        r"the model's "
-        r"context of 64 tokens",
+        r"task 'capitals' \((discovery|heldout) panel\): a prompt needs \d+ tokens with its "
+        r"answer, more than the model's context of 64 tokens",
     ),
     # ------------------------------------------------------------------ options
     Case(
@@ -669,8 +681,8 @@ CASES = [
             "--ablate",
             "1-2",
         ],
-        r"--ablate: '1-2' is not a head name: write heads as L3H1 \(layer 3, head 1, counted from 0\), "
-        r"several as L3H1\+L5H0",
+        r"--ablate: '1-2' is not a head name: write heads as L3H1 \(layer 3, head 1, counted "
+        r"from 0\), several as L3H1\+L5H0",
     ),
     Case(
         "head-dotted",
@@ -702,8 +714,8 @@ CASES = [
         "unknown-task",
         "localize --task capital (a typo)",
         lambda t: _localize("smollm2", t / "run", "--task", "capital"),
-        r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, arithmetic_chat, capitals, "
-        r"greater_than, ioi",
+        r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, "
+        r"arithmetic_chat, capitals, greater_than, ioi",
     ),
     Case(
         "unknown-cross-task",
@@ -717,8 +729,8 @@ CASES = [
         "unknown-localize-model",
         "localize --model gpt-2 (not a known name or a path)",
         lambda t: _localize("gpt-2", t / "run", "--task", "ioi"),
-        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, theory, theory:PATH/params\.npz\), a Hugging Face "
-        r"folder, a \.gguf or a \.npz file",
+        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, theory, "
+        r"theory:PATH/params\.npz\), a Hugging Face folder, a \.gguf or a \.npz file",
     ),
     Case(
         "theory-task",
@@ -742,8 +754,8 @@ CASES = [
             "--heldout",
             "5000",
         ],
-        r"task 'greater_than' can produce at most 7760 distinct items; --discovery 5000 \+ --heldout 5000 = 10000: "
-        r"ask for fewer",
+        r"task 'greater_than' can produce at most 7760 distinct items; "
+        r"--discovery 5000 \+ --heldout 5000 = 10000: ask for fewer",
     ),
     Case(
         "batch-size-zero",
@@ -755,13 +767,15 @@ CASES = [
         "stage-unknown",
         "localize --stage joint-search",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--stage", "joint-search"),
-        r"--stage must be one of baseline, screen, joint, confirm, heldout, nulls, crosstask, report, got 'joint-search'",
+        r"--stage must be one of baseline, screen, joint, confirm, heldout, nulls, crosstask, "
+        r"report, got 'joint-search'",
     ),
     Case(
         "not-a-number",
         "localize --discovery many",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--discovery", "many"),
-        r"^cel-numpy localize: error: argument --discovery: invalid int value: 'many' \(see cel-numpy localize --help\)$",
+        r"^cel-numpy localize: error: argument --discovery: invalid int value: 'many' "
+        r"\(see cel-numpy localize --help\)$",
     ),
     Case(
         "out-is-a-file",
@@ -971,7 +985,8 @@ def test_docs_table_quotes_what_the_commands_print(tmp_path):
 
 
 def mutations(data: bytes, rng: np.random.Generator, n: int, header_bytes: int):
-    """n damaged copies: truncations and 1-3 bit flips, half of them inside the first header_bytes."""
+    """n damaged copies: truncations and 1-3 bit flips, half of them inside
+    the first header_bytes."""
     for k in range(n):
         near_header = k % 4 >= 2
         hi = min(len(data), header_bytes) if near_header else len(data)
@@ -996,7 +1011,8 @@ def data_start(path: Path) -> int:
 
 
 def test_fuzz_damaged_model_files_load_or_fail_cleanly(tmp_path):
-    """Seeded random truncations and bit flips: a clean load or a one-line ModelFileError naming the file."""
+    """Seeded random truncations and bit flips: a clean load or a one-line ModelFileError
+    naming the file."""
     rng = np.random.default_rng(20261130)
     gguf_path = tmp_path / "orig.gguf"
     write_tiny_gguf(gguf_path, smollm2_mix)
@@ -1055,7 +1071,7 @@ def test_fuzz_damaged_model_files_load_or_fail_cleanly(tmp_path):
         assert outcomes.get(f"{label}: loaded", 0) > 0, outcomes
 
 
-# =========================================================================== loaders: specific checks
+# ========================================================================= loaders: specific checks
 
 
 def test_bf16_safetensors_load_as_the_rounded_weights(tmp_path):
@@ -1199,7 +1215,8 @@ def test_gpt2_round_trips_any_unicode(gpt2, text):
 @given(text=SMOLLM2_TEXT)
 def test_smollm2_round_trips_any_unicode_it_can_spell(smollm2, text):
     """Exact for every character whose UTF-8 bytes all have tokens; SmolLM2 lacks a few bytes
-    (U+0004, U+0006, ..., and the lead bytes of planes 4-11: see BPETokenizer), which HF drops too."""
+    (U+0004, U+0006, ..., and the lead bytes of planes 4-11: see BPETokenizer), which HF
+    drops too."""
     assert set(smollm2.missing_bytes) == set(SMOLLM2_MISSING_BYTES)
     assert smollm2.decode(smollm2.encode(text)) == text
 

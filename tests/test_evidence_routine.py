@@ -93,7 +93,8 @@ def test_coordinates_tie_break_reproduces_the_committed_rankings(run):
     known.update({f["name"]: f["discovery"] for f in report["finalists"]})
     order = [name for name in report["joint_ranking"] if name in known]
     scored = {
-        name: S(known[name]["heads"], known[name]["correct"], known[name]["rescued"], known[name]["damaged"])
+        name: S(known[name]["heads"], known[name]["correct"], known[name]["rescued"],
+                known[name]["damaged"])
         for name in order
     }  # fmt: skip
     reranked = rank_joint(list(scored.values()), "coordinates")

@@ -123,8 +123,9 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
         [intact[b], diverge[b], intact[b][:1], intact[b] + [11, 12], list(rng.integers(0, V, 3))]
         for b in range(len(prompts))
     ]
-    for d, verify, share in [(drafts, True, True), (drafts, True, False), (drafts, False, True),
-                             (None, True, True), ([[x[1]] for x in drafts], True, True)]:  # fmt: skip
+    for d, verify, share in [(drafts, True, True), (drafts, True, False),
+                             (drafts, False, True), (None, True, True),
+                             ([[x[1]] for x in drafts], True, True)]:  # fmt: skip
         got, _ = generate_conditions(
             prepare(model), prompts, conds, None, stop, drafts=d, verify=verify,
             share_prefix=share, max_rows=60,
@@ -154,7 +155,7 @@ def test_generate_conditions_mean_ablation_and_draft_scores():
         np.testing.assert_allclose(lg[:, -3:], ref[:, -3:], atol=ATOL, rtol=0)
 
 
-# --------------------------------------------------------------------------- evaluator: fast == naive
+# ------------------------------------------------------------------------- evaluator: fast == naive
 
 
 def assert_same_results(fast, naive, atol):
@@ -276,7 +277,7 @@ def without_logprob(summary: dict) -> dict:
     return {**summary, "conditions": conditions}
 
 
-# --------------------------------------------------------------------------- SmolLM2 (must fail, not skip)
+# -------------------------------------------------------------------- SmolLM2 (must fail, not skip)
 
 
 @pytest.fixture(scope="module")
@@ -312,8 +313,10 @@ def test_smollm2_other_tokenizations_of_the_answer(smollm2):
     stop = Stop(
         ids={m.tokenizer.eos_id}, max_new_tokens=6, is_done=lambda ids: "\n" in m.decode(ids)
     )
-    spellings = [[m.encode(" Rome"), [m.encode(" Ro")[0], m.encode("me")[0]], m.encode(" Rome, Paris")],
-                 [m.encode(" Paris"), m.encode(" Par") + m.encode("is"), m.encode(" Lyon")]]  # fmt: skip
+    spellings = [
+        [m.encode(" Rome"), [m.encode(" Ro")[0], m.encode("me")[0]], m.encode(" Rome, Paris")],
+        [m.encode(" Paris"), m.encode(" Par") + m.encode("is"), m.encode(" Lyon")],
+    ]  # fmt: skip
     conds = [(), ((0, 0),), ((29, 8),)]
     truth = [_greedy(m, prompts, cond, stop) for cond in conds]
     for drafts in ([[s[0]] for s in spellings], [[s[1]] for s in spellings], spellings):

@@ -120,7 +120,8 @@ def relative_logit_error(logits: np.ndarray, ref: dict) -> float:
 
 
 def unpermute_by_index(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Inverse of llama_cpp_permute built from the row permutation itself (independent of the loader)."""
+    """Inverse of llama_cpp_permute built from the row permutation itself
+    (independent of the loader)."""
     perm = llama_cpp_permute(np.arange(w.shape[0])[:, None], n_head)[
         :, 0
     ]  # permuted row i = source perm[i]

@@ -133,7 +133,8 @@ def wait_for_joint_records(proc: subprocess.Popen, out: Path, timeout: float = 6
             return
         if proc.poll() is not None:
             pytest.fail(
-                f"the run ended (status {proc.returncode}) before the joint stage: {proc.stderr.read()}"
+                f"the run ended (status {proc.returncode}) before the joint stage: "
+                f"{proc.stderr.read()}"
             )
         time.sleep(0.02)
     proc.kill()
@@ -141,7 +142,8 @@ def wait_for_joint_records(proc: subprocess.Popen, out: Path, timeout: float = 6
 
 
 def complete_blocks(records: Path) -> list[str]:
-    """Names of the blocks whose every line (one per discovery item) is on disk, newline-terminated."""
+    """Names of the blocks whose every line (one per discovery item) is on disk,
+    newline-terminated."""
     lines = records.read_bytes().split(b"\n")[
         :-1
     ]  # the part after the last newline is not a record
@@ -230,9 +232,8 @@ def test_ctrl_c_mid_stage_then_resume(setup, tmp_path):
     _, err2 = second.communicate(timeout=60)
     assert second.returncode == 2
     assert (
-        err2.strip()
-        == f"cel-numpy localize: error: {out / 'lock'} is held by pid {proc.pid} on {os.uname().nodename}: "
-        "another run is writing here"
+        err2.strip() == f"cel-numpy localize: error: {out / 'lock'} is held by pid {proc.pid} on "
+        f"{os.uname().nodename}: another run is writing here"
     ), err2
 
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -279,8 +280,9 @@ def test_half_line_appended_to_a_finished_stage_is_refused(setup, tmp_path, caps
     assert main(argv(params, out) + ["--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines() == [
-        f"cel-numpy localize: error: {records} does not match screen.done.json (sha256 differs: edited or corrupted); "
-        "use a fresh --out, or delete screen.jsonl and screen.done.json (and every later stage) to redo it"
+        f"cel-numpy localize: error: {records} does not match screen.done.json (sha256 differs: "
+        "edited or corrupted); use a fresh --out, or delete screen.jsonl and screen.done.json "
+        "(and every later stage) to redo it"
     ], err
     assert records.read_bytes() == before + b'{"block": "L0H3", "panel": "disc', (
         "a refused run must not touch the records"

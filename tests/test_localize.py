@@ -498,7 +498,7 @@ def test_theory_evaluator_invariants(trained_theory):
     assert not np.allclose(y_zero, y_mean)
 
 
-# --------------------------------------------------------------------------- a planted harmful head in a real model
+# ----------------------------------------------------------- a planted harmful head in a real model
 
 
 @pytest.mark.parametrize("scoring", ["generate", "choice"])

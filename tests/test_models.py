@@ -413,8 +413,9 @@ def run_cli(argv: list[str]) -> int:
 def test_cli_inspect(capsys):
     assert run_cli(["inspect", "--model", str(FIXTURES / "tiny_llama")]) == 0
     out = capsys.readouterr().out
-    for expected in ("family            llama", "layers            2", "kv-heads          2", "vocab             96",
-                     "F32 100%", f"{load('tiny_llama').n_params():,}"):  # fmt: skip
+    for expected in ("family            llama", "layers            2", "kv-heads          2",
+                     "vocab             96", "F32 100%",
+                     f"{load('tiny_llama').n_params():,}"):  # fmt: skip
         assert expected in out, out
 
 

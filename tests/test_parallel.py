@@ -1,4 +1,5 @@
-"""Parallel evaluation gives records identical to the sequential run: process pool, Dask cluster, CLI."""
+"""Parallel evaluation gives records identical to the sequential run: process pool,
+Dask cluster, CLI."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_process_pool_lm_records_identical(tmp_path):
 
 
 def test_dask_local_cluster_records_identical(tmp_path, theory):
-    import dask.distributed as distributed  # the [test] extra, installed by `make test`: fails, not skips
+    # the [test] extra, installed by `make test`: fails, not skips
+    import dask.distributed as distributed
 
     _theory_run(tmp_path / "seq", theory)
     with distributed.LocalCluster(

@@ -1,4 +1,5 @@
-"""The README's promises: its Python example runs as written, and CI runs the README's test command."""
+"""The README's promises: its Python example runs as written, and CI runs the
+README's test command."""
 
 import re
 from pathlib import Path

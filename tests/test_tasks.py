@@ -141,7 +141,8 @@ def test_cluster_labels():
 
 
 def test_capitals_and_antonyms_give_100_heldout_clusters():
-    """The README's panel sizes: 100 discovery + 300 held-out items put >= 100 clusters in held-out."""
+    """The README's panel sizes: 100 discovery + 300 held-out items put >= 100 clusters
+    in held-out."""
     for name in ("capitals", "antonyms"):
         assert len(TASKS[name].pairs) >= 150
         assert panel_layout(TASKS[name], 100, 300)["heldout"]["clusters"] >= 100
@@ -230,7 +231,8 @@ def test_arithmetic_answers_recomputed_from_prompt(name):
 
 
 def test_arithmetic_space_edges_and_bijection():
-    """First and last index of each subtask hit the range ends; small spaces are enumerated whole."""
+    """First and last index of each subtask hit the range ends; small spaces are
+    enumerated whole."""
     for s in ARITH.subtasks:
         size = ARITH.space_size(s)
         for i in (0, size - 1):
@@ -251,7 +253,8 @@ def test_arithmetic_space_edges_and_bijection():
 @pytest.mark.parametrize(
     "output, expected",
     [
-        ("124", True), (" 124", True), ("124\n", True), (" 124\nQuestion: What", True), ("124 ", True),
+        ("124", True), (" 124", True), ("124\n", True), (" 124\nQuestion: What", True),
+        ("124 ", True),
         ("+124", False), ("124.", False), ("1,240", False), ("124 apples", False), ("0124", False),
         ("", False), ("\n124", False), ("12 4", False), ("124.0", False), ("one hundred", False),
     ],
@@ -299,7 +302,7 @@ def test_fewshot_and_choice_scoring():
     assert not ioi.is_correct(it, next(c for c in it.choices if c != it.answer))
 
 
-# --------------------------------------------------------------------------- well-formed items, every task
+# -------------------------------------------------------------------- well-formed items, every task
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -328,7 +331,8 @@ def test_items_well_formed(name):
 
 @pytest.mark.parametrize("name", ["capitals", "antonyms"])
 def test_fewshot_answer_not_in_prompt(name):
-    """The query's own entry never appears among the shots, so the answer is nowhere in the prompt."""
+    """The query's own entry never appears among the shots, so the answer is nowhere
+    in the prompt."""
     task = TASKS[name]
     for item in task.sample(np.random.default_rng(5), 500):
         lines = item.prompt.split("\n")
@@ -396,7 +400,8 @@ def test_item_at_is_one_to_one_on_samples(name):
 
 
 def test_arithmetic_2shot_skips_its_examples():
-    """Every index of the 2-shot space, enumerated on the small subtasks: recomputed, never an example."""
+    """Every index of the 2-shot space, enumerated on the small subtasks: recomputed,
+    never an example."""
     task = get_task("arithmetic_2shot")
     assert task.n_shots == 2 and len(task.subtasks) == 10
     for s in ("sub2", "comp1"):

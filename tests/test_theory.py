@@ -253,7 +253,7 @@ def test_log_does_not_change_training_and_has_shapes(rng):
     assert arrays["loss_a"].shape == arrays["loss_b"].shape == arrays["loss_joint"].shape == (5,)
 
 
-# --------------------------------------------------------------------------- acceptance (default config)
+# ---------------------------------------------------------------------- acceptance (default config)
 
 
 DEFAULT = replace(
@@ -294,9 +294,11 @@ def test_default_reaches_joint_optimum(default_runs, seed):
     assert target == pytest.approx(2 * 0.3 * 0.7)
     # the model's loss with z integrated exactly (Monte-Carlo only over the token types)
     assert abs(s["joint_loss_integrated"] / target - 1) < 0.02, (
-        f"seed {seed}: trained joint loss {s['joint_loss_integrated']:.4f} not within 2% of {target}"
+        f"seed {seed}: trained joint loss {s['joint_loss_integrated']:.4f} "
+        f"not within 2% of {target}"
     )
-    # the fresh-sample estimate agrees with it up to Monte-Carlo error (~0.6% per task sample of 50k)
+    # the fresh-sample estimate agrees with it up to Monte-Carlo error
+    # (~0.6% per task sample of 50k)
     assert abs(s["joint_loss"] / s["joint_loss_integrated"] - 1) < 0.03
 
 
@@ -320,7 +322,8 @@ def test_default_c_head_ablation(default_runs, seed):
 
 
 def test_control_no_conflict_nothing_to_gain(acceptance_runs):
-    """p_A = 1/2: no single or joint ablation of up to 3 heads lowers either task's loss by > 0.02."""
+    """p_A = 1/2: no single or joint ablation of up to 3 heads lowers either task's
+    loss by > 0.02."""
     s = acceptance_runs[("control", 0)]
     assert s["closed_form"]["a"] == s["closed_form"]["b"] == 0.5
     worst = min(min(a["delta_a"], a["delta_b"]) for a in s["joint_ablations"])
@@ -411,8 +414,8 @@ def test_cli_bad_input_is_a_user_error(tmp_path):
 def test_cli_sweep_init(tmp_path):
     out = tmp_path / "sweep"
     rc = _run_cli(
-        ["theory", "--sweep-init", "--steps", "60", "--sweep-scales", "1e-3,1e-1", "--sweep-seeds", "2",
-         "--eval-samples", "500", "--out", str(out), "--quiet"]
+        ["theory", "--sweep-init", "--steps", "60", "--sweep-scales", "1e-3,1e-1",
+         "--sweep-seeds", "2", "--eval-samples", "500", "--out", str(out), "--quiet"]
     )  # fmt: skip
     assert rc == 0
     runs = json.loads((out / "sweep.json").read_text())["runs"]

@@ -60,7 +60,8 @@ def _assert_parity(tokenizer, cases, label):
             ours = [tokenizer.id_to_token(i) for i in ids[first : first + 4]]
             ref = [tokenizer.id_to_token(i) for i in case["ids"][first : first + 4]]
             pytest.fail(
-                f"{label}: {case['text']!r} differs at token {first}: ours {ours} vs reference {ref}"
+                f"{label}: {case['text']!r} differs at token {first}: ours {ours} "
+                f"vs reference {ref}"
             )
 
 

@@ -29,5 +29,6 @@ def test_tutorial_runs(path, tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, (
-        f"{path.name} failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        f"{path.name} failed (exit {proc.returncode}):\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )

@@ -47,7 +47,8 @@ rng = np.random.default_rng(0)
 
 cf = closed_form(0.3)
 print(
-    f"closed form: joint {cf.joint:.3f}  task A {cf.a:.3f}  task B {cf.b:.3f}  delta {cf.delta:+.2f}"
+    f"closed form: joint {cf.joint:.3f}  task A {cf.a:.3f}  task B {cf.b:.3f}  "
+    f"delta {cf.delta:+.2f}"
 )
 
 # %% [markdown]
@@ -79,7 +80,8 @@ C = concentration(c_load)
 loss_a, loss_b = task_losses(result.params, data)
 joint = 0.3 * loss_a + 0.7 * loss_b
 print(
-    f"trained: joint {joint:.4f} (closed form {cf.joint})  A {loss_a:.3f} ({cf.a:.2f})  B {loss_b:.3f} ({cf.b:.2f})"
+    f"trained: joint {joint:.4f} (closed form {cf.joint})  A {loss_a:.3f} ({cf.a:.2f})  "
+    f"B {loss_b:.3f} ({cf.b:.2f})"
 )
 print(f"c-loadings {c_load}, sum {c_load.sum():+.3f} (optimum delta = {cf.delta:+.2f})")
 print(f"s-loadings {s_load}, sum {s_load.sum():+.3f} (optimum 1)")
@@ -89,8 +91,8 @@ print(f"concentration {C:.3f}")
 # ## Ablate each head
 #
 # Zero the head's output ($m_h=0$) and measure both task losses again on the same held-out samples.
-# Removing the c-head removes the compromise $\delta\, w_c\cdot z_c$: task A moves from $0.98$ toward
-# $0.5$, task B from $0.18$ toward $0.5$.
+# Removing the c-head removes the compromise $\delta\, w_c\cdot z_c$: task A moves from $0.98$
+# toward $0.5$, task B from $0.18$ toward $0.5$.
 
 # %%
 c_head = int(np.argmax(np.abs(c_load)))
@@ -99,7 +101,8 @@ for ab in single_ablations(result.params, data):
     print(f"ablate head {ab.heads[0]}:  task A {ab.delta_a:+.3f}  task B {ab.delta_b:+.3f}{tag}")
 best = min(joint_ablations(result.params, data, 3), key=lambda a: (a.delta_a, len(a.heads)))
 print(
-    f"best for task A among all sets of <= 3 heads: {best.heads}  A {best.delta_a:+.3f}  B {best.delta_b:+.3f}"
+    f"best for task A among all sets of <= 3 heads: {best.heads}  A {best.delta_a:+.3f}  "
+    f"B {best.delta_b:+.3f}"
 )
 
 # %% [markdown]
@@ -125,8 +128,9 @@ def control(**changes):
     best = min(abls, key=lambda a: (min(a.delta_a, a.delta_b), len(a.heads)))
     single_best = min((a for a in abls if len(a.heads) == 1), key=lambda a: a.delta_a)
     print(
-        f"{str(changes):24s} concentration {concentration(c):.3f}  best single for A {single_best.heads} "
-        f"{single_best.delta_a:+.3f}  best set {best.heads} A {best.delta_a:+.3f} B {best.delta_b:+.3f}"
+        f"{str(changes):24s} concentration {concentration(c):.3f}  "
+        f"best single for A {single_best.heads} {single_best.delta_a:+.3f}  "
+        f"best set {best.heads} A {best.delta_a:+.3f} B {best.delta_b:+.3f}"
     )
     return c, abls
 

@@ -113,7 +113,8 @@ post = 0.5 * pre * (1 + np.tanh(GELU_C * (pre + 0.044715 * pre * pre * pre)))  #
 resid_post = resid_mid + post @ blk["mlp"]["W_out"] + blk["mlp"]["b_out"]
 assert np.allclose(resid_post, cache["blocks.0.resid_post"], atol=1e-12)
 print(
-    "block 0 recomputed by hand: embed, ln1, pattern, z, attn.out, resid_mid, mlp, resid_post all match"
+    "block 0 recomputed by hand: embed, ln1, pattern, z, attn.out, resid_mid, mlp, resid_post "
+    "all match"
 )
 
 # %% [markdown]

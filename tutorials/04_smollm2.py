@@ -9,7 +9,7 @@
 # |---|---|---|
 # | norm | LayerNorm | RMSNorm: $x / \sqrt{\overline{x^2} + \epsilon}\, w$ |
 # | positions | learned $W_{pos}$ added to the input | rotary: q and k rotated by position |
-# | MLP | $\mathrm{GELU}(x W_{in}) W_{out}$ | SwiGLU: $(\mathrm{silu}(x W_{gate}) \odot x W_{in}) W_{out}$ |
+# | MLP | $\mathrm{GELU}(x W_{in}) W_{out}$ | SwiGLU: $(\mathrm{silu}(x W_{gate}) \odot x W_{in}) W_{out}$ <!-- # noqa: E501 --> |
 # | attention | 12 heads, each with its own k, v | 9 query heads share 3 key/value heads (GQA) |
 #
 # This tutorial checks the model knows a fact, opens up what GQA and rotary change, shows
@@ -153,12 +153,13 @@ perm = permute_rotary_rows(np.arange(E)[:, None], 1)[
 ]  # within a head: file row i = our row perm[i]
 print("first rows of a head as stored in the GGUF:", perm[:8], "...")
 raw = {**p, "blocks": [{**b, "attn": {**b["attn"], "W_Q": b["attn"]["W_Q"][..., perm],
-                                      "W_K": b["attn"]["W_K"][..., perm]}} for b in p["blocks"]]}  # fmt: skip
+                                      "W_K": b["attn"]["W_K"][..., perm]}}
+                       for b in p["blocks"]]}  # fmt: skip
 raw_model = Model(raw, cfg, model.tokenizer)
 
 sentence = model.encode(
-    "Alice was beginning to get very tired of sitting by her sister on the bank, and of having nothing"
-    " to do: once or twice she had peeped into the book her sister was reading."
+    "Alice was beginning to get very tired of sitting by her sister on the bank, and of having"
+    " nothing to do: once or twice she had peeped into the book her sister was reading."
 )
 
 
@@ -229,7 +230,8 @@ show_top(
 mean_z = model.mean_z(
     [model.encode(t) for t in ["The capital of Spain is Madrid.", "Berlin is in Germany.", prompt]]
 )
-show_top(log_softmax(model.next_token_logits([ids], ablate=[worst], ablation="mean", mean_z=mean_z)[0].astype(np.float64)),
+show_top(log_softmax(model.next_token_logits([ids], ablate=[worst], ablation="mean",
+                                             mean_z=mean_z)[0].astype(np.float64)),
          f"mean-ablate {head_name(worst)}")  # fmt: skip
 
 # %% [markdown]

@@ -6,8 +6,9 @@
 # on data it never looked at:
 #
 # 1. **screen**: ablate every head alone; on each discovery example compare with the intact
-#    model: *rescued* (became correct), *damaged* (became wrong), $\text{gain}=\text{rescued}-\text{damaged}$.
-#    Rank by $(-\text{gain}, \text{damaged}, -\text{correct}, \text{head})$; the top 10 are nominees.
+#    model: *rescued* (became correct), *damaged* (became wrong),
+#    $\text{gain}=\text{rescued}-\text{damaged}$. Rank by
+#    $(-\text{gain}, \text{damaged}, -\text{correct}, \text{head})$; the top 10 are nominees.
 # 2. **joint search**: every pair and triple of nominees ($45+120$, plus the 10 singletons = 175
 #    candidates), same ranking with fewer heads first on ties. The top 10 are frozen as finalists.
 #
@@ -78,7 +79,8 @@ for cond, res in zip(singles, results):
     s = paired_summary([r.correct for r in intact], [r.correct for r in res])
     scored.append(Scored(cond, s.correct, s.rescued, s.damaged))
     print(
-        f"{condition_name(cond)}: correct {s.correct:3d}  rescued {s.rescued:3d}  damaged {s.damaged:3d}  gain {s.gain:+4d}"
+        f"{condition_name(cond)}: correct {s.correct:3d}  rescued {s.rescued:3d}  "
+        f"damaged {s.damaged:3d}  gain {s.gain:+4d}"
     )
 ranked = rank_singletons(scored)
 nominees = [s.heads[0] for s in ranked[:10]]  # only 4 heads here, so all are nominees
@@ -123,7 +125,8 @@ print(
 # report, in a run directory that can be resumed (rerun the same command) and is validated
 # (edit a record and the run refuses). Here we hand it the very parameters trained above:
 #
-#     cel-numpy localize --model theory:params.npz --task A --discovery 200 --heldout 200 --out runs/tutorial05
+#     cel-numpy localize --model theory:params.npz --task A --discovery 200 --heldout 200 \
+#         --out runs/tutorial05
 
 # %%
 from cel_numpy.cli import main  # noqa: E402 - a new cell of the tutorial

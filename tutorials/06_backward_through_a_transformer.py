@@ -8,9 +8,11 @@
 # rotary, SwiGLU), in float64 so that finite differences are meaningful.
 # A block (pre-norm, RMSNorm with weights $w$, head mask $m$, everything per position):
 # $$\text{mid} = x + \sum_h m_h\, z_h W_O^{h},\quad
-#   z_h = \mathrm{softmax}\Big(\tfrac{R q_h (R k_{g(h)})^\top}{\sqrt E} + \text{causal}\Big) v_{g(h)},\quad
+#   z_h = \mathrm{softmax}\Big(\tfrac{R q_h (R k_{g(h)})^\top}{\sqrt E} + \text{causal}\Big)
+#   v_{g(h)},\quad
 #   q_h = \mathrm{RMS}_1(x) W_Q^{h},$$
-# $$\text{out} = \text{mid} + \big(\mathrm{silu}(a W_{gate}) \odot a W_{in}\big) W_{out},\qquad a = \mathrm{RMS}_2(\text{mid}),$$
+# $$\text{out} = \text{mid} + \big(\mathrm{silu}(a W_{gate}) \odot a W_{in}\big) W_{out},\qquad
+#   a = \mathrm{RMS}_2(\text{mid}),$$
 # with $R$ the rotary rotation and $g(h)$ the key/value group of query head $h$.
 
 # %%
@@ -46,7 +48,8 @@ print(model)
 
 
 def batch(lengths):
-    """Random prompts (the model is random too), left-padded, with next-token targets; -1 = not scored."""
+    """Random prompts (the model is random too), left-padded, with next-token targets;
+    -1 = not scored."""
     ids, mask = model.pad([list(rng.integers(1, cfg.vocab_size, n)) for n in lengths])  # (B, T)
     targets = np.full(ids.shape, -1)  # (B, T): the last column predicts nothing
     targets[:, :-1] = np.where(mask[:, 1:] == 1, ids[:, 1:], -1)  # pads are not scored
@@ -94,7 +97,8 @@ dln2_out += dln2_out_up  # ln2_out fans out to the gate and the up projection
 
 # %% [markdown]
 # **RMSNorm.** $y = x\, r\, w$ with $r = (\overline{x^2} + \epsilon)^{-1/2}$ and $\hat x = x r$:
-# $$dx = r\big(\hat{dx} - \hat x\, \overline{\hat{dx}\, \hat x}\big),\qquad \hat{dx} = dy \odot w,\qquad dw = \textstyle\sum_{b,t} dy \odot \hat x .$$
+# $$dx = r\big(\hat{dx} - \hat x\, \overline{\hat{dx}\, \hat x}\big),\qquad
+#   \hat{dx} = dy \odot w,\qquad dw = \textstyle\sum_{b,t} dy \odot \hat x .$$
 # The block cache does not store the norm's statistics: two reductions recompute them from the
 # residual stream the norm read.
 
@@ -106,11 +110,11 @@ dresid_mid += dresid_mid_via_ln2  # mid = x + attn_out feeds the MLP branch and 
 # %% [markdown]
 # **Attention.** Backwards through $\sum_h z'_h W_O^h$, then the head mask
 # $z'_h = m_h z_h$. The forward ran without a mask ($m = 1$ skips the multiply, bitwise), but
-# the derivative with respect to $m_h$ still exists: $\partial M/\partial m_h = \sum dz'_h \cdot z_h$.
-# Then the softmax core (tutorial 01; with grouped-query attention the gradients of the
-# query heads sharing a key/value group add up into that group), the rotary rotation (its
-# transpose is the rotation by the opposite angle) and the three projections, whose input
-# gradients add.
+# the derivative with respect to $m_h$ still exists:
+# $\partial M/\partial m_h = \sum dz'_h \cdot z_h$. Then the softmax core (tutorial 01; with
+# grouped-query attention the gradients of the query heads sharing a key/value group add up
+# into that group), the rotary rotation (its transpose is the rotation by the opposite angle)
+# and the three projections, whose input gradients add.
 
 # %%
 a = c.attn  # AttentionCache: x, q, k, v (after rotary), core (probs), z, z_masked
@@ -219,7 +223,8 @@ for name in ("tiny_llama", "tiny_gpt2"):
     analytic = {**{k: gflat[k] for k in flat}, "head_mask": grads["head_mask"]}
     err = directional_check(loss_fn, {**flat, "head_mask": hm}, analytic, rng)
     print(
-        f"{name:10s} loss {loss:.4f}  {len(flat)} tensors + head mask, random direction: rel. error {err:.1e}"
+        f"{name:10s} loss {loss:.4f}  {len(flat)} tensors + head mask, random direction: "
+        f"rel. error {err:.1e}"
     )
     assert err < 1e-6
 
@@ -227,8 +232,10 @@ for name in ("tiny_llama", "tiny_gpt2"):
 # ## The head-mask gradient as a screen
 #
 # Removing head $h$ moves its mask from $m_h$ to 0. To first order in the loss $\ell(m)$:
-# $$\Delta\ell_h = \ell(m \text{ with } m_h = 0) - \ell(m) \approx \frac{\partial \ell}{\partial m_h}(0 - m_h)
-#   = -m_h \frac{\partial \ell}{\partial m_h} \quad(= -\texttt{grads["head\_mask"]}[l, h] \text{ at } m = 1).$$
+# $$\Delta\ell_h = \ell(m \text{ with } m_h = 0) - \ell(m)
+#   \approx \frac{\partial \ell}{\partial m_h}(0 - m_h)
+#   = -m_h \frac{\partial \ell}{\partial m_h}
+#   \quad(= -\texttt{grads["head\_mask"]}[l, h] \text{ at } m = 1).$$
 # The recipe is the same for a task score $M$ (higher is better, e.g. $M = -\ell$):
 # $\Delta M_h \approx -m_h\,\partial M/\partial m_h$, which for $M = -\ell$ is $-\Delta\ell_h$.
 # Keep the sign: for the loss, $\Delta\ell_h > 0$ means removing $h$ hurts and $< 0$ means it helps.
@@ -259,7 +266,8 @@ for layer in range(L):
     for h in range(H):
         est, ex = estimate[layer, h], exact[layer, h]
         print(
-            f"L{layer}H{h}  {est:+15.5f}  {ex:+12.5f}     {verdict[0, layer, h]} / {verdict[1, layer, h]}"
+            f"L{layer}H{h}  {est:+15.5f}  {ex:+12.5f}     "
+            f"{verdict[0, layer, h]} / {verdict[1, layer, h]}"
         )
 rho = spearmanr(estimate.ravel(), exact.ravel()).statistic
 signs = int(np.sum(np.sign(estimate) == np.sign(exact)))

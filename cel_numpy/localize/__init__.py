@@ -4,7 +4,8 @@
 
 The two-stage routine (`routine.py`), its resumable run directory (`rundir.py`), ranking
 (`ranking.py`), paired statistics (`stats.py`), the report (`report.py`) and the evaluators that
-connect it to models (`evaluate.py`, on the vocabulary of `conditions.py`). `cel-numpy localize` is the command line (`cli.py`).
+connect it to models (`evaluate.py`, on the vocabulary of `conditions.py`). `cel-numpy localize`
+is the command line (`cli.py`).
 """
 
 from cel_numpy.localize.conditions import (

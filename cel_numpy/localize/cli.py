@@ -1,4 +1,5 @@
-"""`cel-numpy localize`: the two-stage head-ablation search on a (model, task), into a run directory."""
+"""`cel-numpy localize`: the two-stage head-ablation search on a (model, task),
+into a run directory."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ on every other task, exploratory), report (report.json, report.md, figures). Eve
 resumable: rerun the same command to continue; finished stages are validated, never silently
 redone.
 
---model theory trains the theory model (docs/design.md#theory-world, default config, --theory-seed) and
-runs the routine on task A (or B); an example is correct iff |y_hat - y| < --tau.
+--model theory trains the theory model (docs/design.md#theory-world, default config, --theory-seed)
+and runs the routine on task A (or B); an example is correct iff |y_hat - y| < --tau.
 theory:PATH loads params.npz written by `cel-numpy theory`.
 
 Options are checked before any work: task and model names (the known ones are listed), panel
@@ -52,7 +53,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--task",
         required=True,
-        help="a task name (arithmetic, ioi, greater_than, capitals, antonyms, agreement); A or B for theory",
+        help="a task name (arithmetic, ioi, greater_than, capitals, antonyms, agreement); "
+        "A or B for theory",
     )
     p.add_argument(
         "--discovery", type=int, default=100, metavar="N", help="discovery panel size (default 100)"
@@ -75,16 +77,16 @@ def register(subparsers) -> None:
         "--stage",
         default="report",
         metavar="NAME",
-        help="run up to and including this stage: baseline, screen, joint, confirm, heldout, crosstask, "
-        "report (default: report)",
+        help="run up to and including this stage: baseline, screen, joint, confirm, heldout, "
+        "crosstask, report (default: report)",
     )
     p.add_argument("--seed", type=int, default=0, help="panel seed (default 0)")
     p.add_argument(
         "--ablation",
         choices=("zero", "mean"),
         default="zero",
-        help="zero: head output z set to 0; mean: z replaced by its mean over the discovery prompts "
-        "(default zero)",
+        help="zero: head output z set to 0; mean: z replaced by its mean over the discovery "
+        "prompts (default zero)",
     )
     p.add_argument(
         "--cross-tasks",
@@ -112,7 +114,8 @@ def register(subparsers) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="evaluate condition chunks in N processes (default 1: sequential; results are identical)",
+        help="evaluate condition chunks in N processes (default 1: sequential; "
+        "results are identical)",
     )
     p.add_argument(
         "--screen",
@@ -196,7 +199,8 @@ def is_theory(spec: str) -> bool:
 
 
 def theory_setup(args, which: str, cross_names: list[str]):
-    """(task, cross tasks, make_evaluator) for --model theory[:PATH]; names from `theory_task_names`."""
+    """(task, cross tasks, make_evaluator) for --model theory[:PATH]; names from
+    `theory_task_names`."""
     import numpy as np
 
     from cel_numpy.errors import ModelFileError
@@ -221,8 +225,8 @@ def theory_setup(args, which: str, cross_names: list[str]):
             params = load_params(path)
         except Exception as err:  # np.load and zipfile raise many types for a wrong or damaged file
             raise ModelFileError(
-                f"{path}: not a theory params.npz with arrays K and V ({type(err).__name__}: {err}); "
-                "write one with `cel-numpy theory --out DIR`"
+                f"{path}: not a theory params.npz with arrays K and V "
+                f"({type(err).__name__}: {err}); write one with `cel-numpy theory --out DIR`"
             ) from None
         if (
             params["K"].ndim != 2
@@ -278,7 +282,8 @@ def lm_tasks(args):
 
 
 def check_panel_sizes(task, cross, n_discovery: int, n_heldout: int) -> None:
-    """Every panel the run will build can be built (the routine builds them after loading the model).
+    """Every panel the run will build can be built (the routine builds them after
+    loading the model).
 
     Template tasks have a finite item space (`max_panel_items`); sampled tasks are capped at
     MAX_SAMPLED_PANEL items per panel.
@@ -301,12 +306,14 @@ def check_panel_sizes(task, cross, n_discovery: int, n_heldout: int) -> None:
                 )
         elif max(n_discovery, n_heldout) > MAX_SAMPLED_PANEL:
             raise OptionError(
-                f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for task {t.name!r}"
+                f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items "
+                f"for task {t.name!r}"
             )
 
 
 def check_model_name(spec: str) -> None:
-    """A known name, theory[:PATH] or an existing path; OptionError listing the choices otherwise."""
+    """A known name, theory[:PATH] or an existing path; OptionError listing the
+    choices otherwise."""
     from cel_numpy.models.loaders import KNOWN_NAMES
 
     if spec == "theory" or spec in KNOWN_NAMES:
@@ -334,8 +341,9 @@ def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> None:
             n = len(model.encode(text)) + max_new_tokens.get(name, 0)
             if n > n_ctx:
                 raise PromptError(
-                    f"task {it.task!r} ({name} panel): a prompt needs {n} tokens with its answer, more than the "
-                    f"model's context of {n_ctx} tokens: use a model with a longer context or another task"
+                    f"task {it.task!r} ({name} panel): a prompt needs {n} tokens with its answer, "
+                    f"more than the model's context of {n_ctx} tokens: use a model with a longer "
+                    "context or another task"
                 )
 
 
@@ -350,8 +358,8 @@ def lm_setup(args, task, cross):
     ident = file_identity(path)
     if model.tokenizer is None:
         raise OptionError(
-            f"--model {args.model}: the model has no tokenizer files (tokenizer.json, or vocab.json + "
-            "merges.txt): localization needs text prompts"
+            f"--model {args.model}: the model has no tokenizer files (tokenizer.json, or "
+            "vocab.json + merges.txt): localization needs text prompts"
         )
     discovery, heldout = build_panels(task, args.discovery, args.heldout, args.seed)
     panels = {"discovery": discovery, "heldout": heldout}
@@ -411,7 +419,8 @@ def check_options(args) -> None:
     check_model_name(args.model)
     if args.screen == "gradient" and is_theory(args.model):
         raise OptionError(
-            "--screen gradient needs a language model (its backward pass); use --screen exact with theory"
+            "--screen gradient needs a language model (its backward pass); use --screen exact "
+            "with theory"
         )
     if args.null_sets < 0 or (args.null_seed is not None and args.null_seed < 0):
         raise OptionError(
@@ -423,7 +432,8 @@ def check_options(args) -> None:
         )
     if is_theory(args.model) and max(args.discovery, args.heldout) > MAX_SAMPLED_PANEL:
         raise OptionError(
-            f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items for the theory tasks"
+            f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items "
+            "for the theory tasks"
         )
 
 
@@ -528,7 +538,8 @@ def run(args) -> int:
 
 # --------------------------------------------------------------------------- test-heads
 
-TEST_DESCRIPTION = """Test a given head set on a held-out panel, with the statistics of the routine's held-out stage:
+TEST_DESCRIPTION = """\
+Test a given head set on a held-out panel, with the statistics of the routine's held-out stage:
 the heads removed together vs the intact model on the same items, gain with the cluster
 sign-flip p and cluster bootstrap interval (primary), exact McNemar and Newcombe's interval on
 items (secondary); with --null-sets N, N random sets of as many heads on the same panel.

@@ -4,7 +4,8 @@ The routine never touches a model. It hands an `Evaluator` a list of items and a
 *conditions* and gets back, per condition, one `ExampleResult` per item:
 
     condition  = tuple of (layer, head) pairs, sorted; () is the intact model
-    evaluate_many(items, [c_1, ..., c_K]) -> [[ExampleResult, ...] (one per item), ...] (one per c_k)
+    evaluate_many(items, [c_1, ..., c_K])
+        -> [[ExampleResult, ...] (one per item), ...] (one per c_k)
 
 Many conditions at once is deliberate: a fast evaluator can share work across conditions
 (the residual stream below the lowest ablated layer is the intact one). The implementations
@@ -54,7 +55,8 @@ class Evaluator(Protocol):
     n_heads: int
 
     def identity(self) -> dict:
-        """JSON-able description of exactly what is evaluated (model file hash, ablation kind...)."""
+        """JSON-able description of exactly what is evaluated (model file hash,
+        ablation kind...)."""
         ...
 
     def evaluate_many(

@@ -140,7 +140,8 @@ def _generate(ev, items, conds):
 
 
 def _single_token_choices(ev, items):
-    """Per item (prompt ids, [candidate token per choice]) if every candidate is one appended token, else None."""
+    """Per item (prompt ids, [candidate token per choice]) if every candidate is one appended
+    token, else None."""
     out = []
     for it in items:
         if not it.choices:

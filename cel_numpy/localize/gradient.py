@@ -67,7 +67,8 @@ def _chunks(rows: list[MetricRow], max_rows: int) -> list[list[MetricRow]]:
 
 
 def _score(logits: np.ndarray, rows: list[MetricRow], T: int, t0: int, scoring: str):
-    """Sum of the item metrics from logits (R, T - t0, V) at positions t0..T-1 of a left-padded batch.
+    """Sum of the item metrics from logits (R, T - t0, V) at positions t0..T-1 of a
+    left-padded batch.
 
     Returns total, weight (R,) = d total / d row log-prob, spans (positions predicting each row's
     continuation, relative to t0) and their log-softmaxes, for the backward. Every row ends at
@@ -103,7 +104,8 @@ def _first_read(rows: list[MetricRow], T: int) -> int:
 def _chunk_metric(
     model, rows: list[MetricRow], scoring: str, head_mask, head_fill, *, backward: bool
 ):
-    """Sum over the chunk's items of the item metric (plain forward), and dM/dm (L, H) if backward."""
+    """Sum over the chunk's items of the item metric (plain forward), and dM/dm (L, H)
+    if backward."""
     ids, mask = model.pad([r.ids for r in rows])  # (R, T) left-padded
     logits, cache = transformer_forward(
         model.params,

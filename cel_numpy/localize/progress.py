@@ -51,7 +51,10 @@ class Progress:
         filled = int(frac * self.width)
         bar = "#" * filled + "-" * (self.width - filled)
         eta_s = _fmt_seconds(eta) if eta == eta else "--:--"
-        return f"{self.label:<10} [{bar}] {self.done}/{self.total} {100 * frac:5.1f}%  {_fmt_seconds(elapsed)} elapsed, ETA {eta_s}"
+        return (
+            f"{self.label:<10} [{bar}] {self.done}/{self.total} {100 * frac:5.1f}%  "
+            f"{_fmt_seconds(elapsed)} elapsed, ETA {eta_s}"
+        )
 
     def update(self, n: int = 1) -> None:
         first = self.done == 0
@@ -63,8 +66,9 @@ class Progress:
             estimate = elapsed / self.done * self.total
             if estimate > SLOW_AFTER:
                 self.stream.write(
-                    f"{self.label:<10} about {_fmt_seconds(estimate)} in all at the pace of its first"
-                    f" {self.done} of {self.total} ({_fmt_seconds(elapsed)}); {self.slow_hint}\n"
+                    f"{self.label:<10} about {_fmt_seconds(estimate)} in all at the pace of its "
+                    f"first {self.done} of {self.total} ({_fmt_seconds(elapsed)}); "
+                    f"{self.slow_hint}\n"
                 )
         if self.tty:
             self.stream.write("\r" + self.line())

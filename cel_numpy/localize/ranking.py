@@ -1,4 +1,5 @@
-"""Ranking, nomination and the joint-search enumeration (docs/design.md#ranking-and-tie-breaks), as pure functions.
+"""Ranking, nomination and the joint-search enumeration (docs/design.md#ranking-and-tie-breaks),
+as pure functions.
 
 Per condition, against the intact comparator on the same examples:
     rescued = became correct, damaged = became wrong, gain = rescued - damaged, correct = # right,
@@ -130,7 +131,8 @@ def nominees(ranked_singletons: Sequence[Scored], k: int = N_NOMINEES) -> list[H
 
 
 def joint_enumeration(nominated: Sequence[Head]) -> tuple[list[Condition], list[Condition]]:
-    """(reused singletons, new conditions): the singletons of the nominees, then all pairs and triples.
+    """(reused singletons, new conditions): the singletons of the nominees, then all
+    pairs and triples.
 
     New conditions are enumerated over the nominees sorted by (layer, head), pairs before triples,
     so the plan (and the records file) does not depend on the screen's tie order.

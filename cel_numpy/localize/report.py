@@ -2,9 +2,12 @@
 
 Figures (matplotlib, imported here only, Agg backend):
     singletons.png  layer x head heatmap of singleton gains (rate) on discovery; nominees boxed
-    finalists.png   each finalist's gain on discovery (vs the baseline) and on held-out, 95% intervals
-    crosstask.png   each finalist's held-out gain on the target task and its gain on every other task
-    nulls.png       held-out gains of the random null sets, the rank-1 set's gain marked (--null-sets)
+    finalists.png   each finalist's gain on discovery (vs the baseline) and on held-out,
+                    95% intervals
+    crosstask.png   each finalist's held-out gain on the target task and its gain on every
+                    other task
+    nulls.png       held-out gains of the random null sets, the rank-1 set's gain marked
+                    (--null-sets)
 
 Gains are rates, (rescued - damaged) / n, raw counts beside them. On discovery: Newcombe's
 paired 95% interval and the exact McNemar p (items). On held-out and cross-task panels the
@@ -278,14 +281,15 @@ def render_markdown(report: dict) -> str:
     lines = [
         f"# Localization report: {t['name']} on {m.get('spec') or m.get('name') or m.get('kind')}",
         "",
-        f"- model: `{m.get('spec', '')}` ({m.get('kind', '')}, {report['n_layers']} layers x {report['n_heads']} heads, "
-        f"{m.get('ablation', '')} ablation)",
+        f"- model: `{m.get('spec', '')}` ({m.get('kind', '')}, {report['n_layers']} layers x "
+        f"{report['n_heads']} heads, {m.get('ablation', '')} ablation)",
         f"- task: `{t['name']}` (scoring: {t['scoring']}); seed {report['seed']}",
         "- panels (items, clusters; discovery and held-out share no cluster): "
         + ", ".join(
             f"{k} {v} ({report['n_clusters'][k]})" for k, v in report["panel_sizes"].items()
         ),
-        f"- intact: discovery {report['intact']['discovery']['correct']}/{report['intact']['discovery']['n']}, "
+        f"- intact: discovery {report['intact']['discovery']['correct']}/"
+        f"{report['intact']['discovery']['n']}, "
         f"held-out {report['intact']['heldout']['correct']}/{report['intact']['heldout']['n']} "
         "(the two baseline passes agree exactly)",
         "- selection: ties in (gain, damaged, correct, set size) broken by "
@@ -332,7 +336,8 @@ def render_markdown(report: dict) -> str:
     ]
     for f in report["finalists"]:
         row = (
-            f"| {f['rank']} | {f['name']} | {f['discovery']['gain']:+d} ({f['discovery']['gain_rate']:+.3f}) | "
+            f"| {f['rank']} | {f['name']} | {f['discovery']['gain']:+d} "
+            f"({f['discovery']['gain_rate']:+.3f}) | "
             f"{f['confirm']['gain']:+d} | "
             f"{_fmt_gain(f['heldout'])} | {_fmt_p(f['heldout']['p_value'])} | "
             f"{_fmt_p(f['heldout']['item_p_value'])} | "
@@ -348,12 +353,13 @@ def render_markdown(report: dict) -> str:
     ]
     for s in sorted(report["singletons"], key=lambda s: s["rank"])[:10]:
         lines.append(
-            f"| {s['rank']} | {s['name']} | {s['correct']} | {s['rescued']} | {s['damaged']} | {s['gain']:+d} |"
+            f"| {s['rank']} | {s['name']} | {s['correct']} | {s['rescued']} | {s['damaged']} "
+            f"| {s['gain']:+d} |"
         )
     lines += [
         "",
-        f"Joint search: {report['n_candidates']} candidates (pairs and triples of the nominees plus the "
-        "nominee singletons).",
+        f"Joint search: {report['n_candidates']} candidates (pairs and triples of the nominees "
+        "plus the nominee singletons).",
         "",
         "## Figures",
         "",

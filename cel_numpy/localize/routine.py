@@ -96,7 +96,8 @@ def cross_seed(seed: int, task_name: str) -> int:
 
 
 def cross_panel(task, n: int, seed: int) -> list[Item]:
-    """The panel a cross task is evaluated on: the first panel of make_panels(task, n, 1, cross_seed)."""
+    """The panel a cross task is evaluated on: the first panel of
+    make_panels(task, n, 1, cross_seed)."""
     return build_panels(task, n, 1, cross_seed(seed, task.name))[0]
 
 
@@ -176,7 +177,8 @@ SLOW_HINTS = {  # what to try when a stage's first block predicts a long wait
 
 
 def evaluate_chunk(evaluator, items, conditions):
-    """What an executor runs: `evaluator.evaluate_many(items, conditions)` (picklable by reference)."""
+    """What an executor runs: `evaluator.evaluate_many(items, conditions)`
+    (picklable by reference)."""
     return evaluator.evaluate_many(items, conditions)
 
 
@@ -318,7 +320,8 @@ class Localizer:
         summarize: Callable,
         label: str | None = None,
     ):
-        """Evaluate `plan` (or validate what is on disk), write the done-file, return (blocks, summary)."""
+        """Evaluate `plan` (or validate what is on disk), write the done-file, return
+        (blocks, summary)."""
         records, done = rd.stage_paths(self.out, stage)
         if done.exists():
             blocks, info = rd.validate_done(
@@ -398,7 +401,8 @@ class Localizer:
             for chunk, results in zip(chunks, results_iter):
                 if len(results) != len(chunk):
                     raise RuntimeError(
-                        f"evaluator returned {len(results)} result lists for {len(chunk)} conditions"
+                        f"evaluator returned {len(results)} result lists "
+                        f"for {len(chunk)} conditions"
                     )
                 text, sums = [], []
                 for block, res in zip(chunk, results):
@@ -447,9 +451,9 @@ class Localizer:
             if diffs:
                 item, a, b = diffs[0]
                 raise UserError(
-                    f"baseline: the two intact passes disagree on {len(diffs)} of {len(items)} discovery examples "
-                    f"(first: item {item}: {a.answer!r}/{a.correct} vs {b.answer!r}/{b.correct}); evaluation must be "
-                    "deterministic"
+                    f"baseline: the two intact passes disagree on {len(diffs)} of {len(items)} "
+                    f"discovery examples (first: item {item}: {a.answer!r}/{a.correct} vs "
+                    f"{b.answer!r}/{b.correct}); evaluation must be deterministic"
                 )
             return {"n": len(items), "correct": sum(r.correct for r in first), "agree": True}
 
@@ -460,7 +464,8 @@ class Localizer:
             self.chunk_size = old_chunk
         self.intact = blocks[0]
         self._say(
-            f"baseline   intact {summary['correct']}/{summary['n']} correct on discovery (two passes agree)"
+            f"baseline   intact {summary['correct']}/{summary['n']} correct on discovery "
+            "(two passes agree)"
         )
         return summary
 
@@ -473,7 +478,8 @@ class Localizer:
             ev = self.evaluators["discovery"]
             if not hasattr(ev, "continuation_ids"):
                 raise UserError(
-                    "--screen gradient needs a language model (its backward pass); use --screen exact"
+                    "--screen gradient needs a language model (its backward pass); "
+                    "use --screen exact"
                 )
             from cel_numpy.localize.gradient import gradient_screen
 
@@ -517,8 +523,9 @@ class Localizer:
             )  # stable on ties
             heads = sorted(heads[i] for i in order[: self.n_candidates])
             note = (
-                f"gradient pre-filter: the {len(heads)} heads with the largest first-order estimated gain "
-                f"(of {self.n_layers * self.n_heads}) were screened exactly; estimates in gradient.json"
+                f"gradient pre-filter: the {len(heads)} heads with the largest first-order "
+                f"estimated gain (of {self.n_layers * self.n_heads}) were screened exactly; "
+                "estimates in gradient.json"
             )
         plan = [rd.Block(condition_name(((l, h),)), "discovery", ((l, h),)) for l, h in heads]
         n_nom = min(self.n_nominees, len(heads))
@@ -537,7 +544,8 @@ class Localizer:
                 or (
                     ""
                     if len(heads) >= self.n_nominees
-                    else f"the model has only {len(heads)} heads (< {self.n_nominees}): all of them are nominees"
+                    else f"the model has only {len(heads)} heads (< {self.n_nominees}): "
+                    "all of them are nominees"
                 ),
             }
 
@@ -594,7 +602,8 @@ class Localizer:
 
     def _finalist_stage(self, stage: str, panels: list[tuple[str, str]], depends_on: Sequence[str]):
         """Intact + every finalist on each (block-name prefix, panel); paired summaries against that
-        intact: item-level on discovery, the cluster as the unit on held-out and cross-task panels."""
+        intact: item-level on discovery, the cluster as the unit on held-out and
+        cross-task panels."""
         plan, groups = [], []
         for prefix, panel in panels:
             names = [f"{prefix}intact"] + [f"{prefix}{condition_name(f)}" for f in self.finalists]
@@ -693,7 +702,8 @@ class Localizer:
         return write_report(self)
 
     def stage_seconds(self) -> dict[str, float | None]:
-        """Wall time of each finished stage (its done-file), as recorded by the process that ran it."""
+        """Wall time of each finished stage (its done-file), as recorded by the process
+        that ran it."""
         out = {}
         for stage in self.stages:
             done = rd.stage_paths(self.out, stage)[1]

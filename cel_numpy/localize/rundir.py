@@ -275,10 +275,16 @@ class Lock:
 
     def _held_message(self, owner) -> str:
         if owner is None or owner[0] < 0:
-            return f"{self.path} is held by another run (owner unreadable): wait for it to finish, or use another --out"
+            return (
+                f"{self.path} is held by another run (owner unreadable): wait for it to finish, "
+                "or use another --out"
+            )
         pid, host = owner
         if host == socket.gethostname() and not _pid_alive(pid):
-            return f"stale lock {self.path} (pid {pid} on {host} is not running) is still held: delete it and rerun"
+            return (
+                f"stale lock {self.path} (pid {pid} on {host} is not running) is still held: "
+                "delete it and rerun"
+            )
         where = (
             ""
             if host == socket.gethostname()
@@ -289,7 +295,8 @@ class Lock:
     def __exit__(self, *exc):
         if self.fd is not None:
             try:
-                self.path.unlink()  # while still holding the flock: a waiting run then sees a new file
+                # while still holding the flock: a waiting run then sees a new file
+                self.path.unlink()
             except FileNotFoundError:
                 pass
             os.close(self.fd)
@@ -359,7 +366,8 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
 
 
 def _first_difference(key: str, a, b):
-    """(dotted name of the first field where a and b differ, its two values); (None, ..) if equal."""
+    """(dotted name of the first field where a and b differ, its two values);
+    (None, ..) if equal."""
     if a == b:
         return None, a, b
     if isinstance(a, dict) and isinstance(b, dict):
@@ -380,7 +388,8 @@ def read_manifest(run_dir: Path) -> dict:
         raise RunDirError(
             f"{run_dir} was written in the old format {fmt} (panels may repeat a query across "
             "discovery and held-out; item-level tests only): its report.md stays readable as it "
-            "is; re-run the command in its manifest.json with a fresh --out for the new panels and tests"
+            "is; re-run the command in its manifest.json with a fresh --out for the new panels "
+            "and tests"
         )
     if fmt != FORMAT:
         raise RunDirError(f"{path}: unknown format {fmt!r} (this cel-numpy writes {FORMAT})")
@@ -478,13 +487,17 @@ def stage_paths(run_dir: Path, stage: str) -> tuple[Path, Path]:
 
 
 def _fresh_hint(stage: str) -> str:
-    return f"use a fresh --out, or delete {stage}.jsonl and {stage}.done.json (and every later stage) to redo it"
+    return (
+        f"use a fresh --out, or delete {stage}.jsonl and {stage}.done.json (and every later "
+        "stage) to redo it"
+    )
 
 
 def read_blocks(
     path: Path, plan: Sequence[Block], panels: dict[str, list[Item]], stage: str, complete: bool
 ) -> tuple[list[list[ExampleResult]], int, int]:
-    """Parse `path` against `plan`: (results of the complete blocks, their byte length, lines dropped).
+    """Parse `path` against `plan`: (results of the complete blocks, their byte
+    length, lines dropped).
 
     Every complete line must be a well-formed record of the next planned (block, item).
     complete=True (a finished stage): every planned block must be there and nothing else.
@@ -529,8 +542,9 @@ def read_blocks(
             or d["item"] != expected_item
         ):
             raise RunDirError(
-                f"{path}:{n}: record does not match the plan (expected block {block.name} item {expected_item}, "
-                f"found block {d['block']} item {d['item']}); {_fresh_hint(stage)}"
+                f"{path}:{n}: record does not match the plan (expected block {block.name} item "
+                f"{expected_item}, found block {d['block']} item {d['item']}); "
+                f"{_fresh_hint(stage)}"
             )
         current.append(ExampleResult(d["item"], d["correct"], d["answer"], d["ref_logprob"]))
         if len(current) == len(items):
@@ -540,7 +554,8 @@ def read_blocks(
     dropped = len(current) + (1 if torn else 0)
     if complete and (len(blocks) != len(plan) or current):
         raise RunDirError(
-            f"{path}: {len(blocks)} complete blocks, the stage plans {len(plan)}; {_fresh_hint(stage)}"
+            f"{path}: {len(blocks)} complete blocks, the stage plans {len(plan)}; "
+            f"{_fresh_hint(stage)}"
         )
     return blocks, good_bytes, dropped
 
@@ -575,7 +590,8 @@ def check_sums(
 
     A block whose bytes differ from its checksum is an error (an edited record). Blocks after
     the last checksum (the run died between writing a block and its checksum) are dropped, to
-    be recomputed, like a torn line; so are checksums of blocks no longer in the records. Returns (blocks kept, their byte length, lines dropped).
+    be recomputed, like a torn line; so are checksums of blocks no longer in the records.
+    Returns (blocks kept, their byte length, lines dropped).
     Records without a .sums file were written by an older cel-numpy: kept unchecked.
     """
     records, sums = stage_paths(run_dir, stage)[0], sums_path(run_dir, stage)
@@ -612,7 +628,8 @@ def validate_done(
     manifest: dict,
     depends: dict[str, str],
 ) -> tuple[list[list[ExampleResult]], dict]:
-    """Check a finished stage against its done-file, the manifest and the plan; return its results."""
+    """Check a finished stage against its done-file, the manifest and the plan;
+    return its results."""
     records, done = stage_paths(run_dir, stage)
     info = read_json_object(done, _fresh_hint(stage))
     if not records.exists():
@@ -621,7 +638,8 @@ def validate_done(
         raise RunDirError(f"{done} belongs to a different manifest; {_fresh_hint(stage)}")
     if info.get("sha256") != sha256_file(records):
         raise RunDirError(
-            f"{records} does not match {done.name} (sha256 differs: edited or corrupted); {_fresh_hint(stage)}"
+            f"{records} does not match {done.name} (sha256 differs: edited or corrupted); "
+            f"{_fresh_hint(stage)}"
         )
     if info.get("depends") != depends:
         raise RunDirError(
@@ -644,7 +662,8 @@ def write_done(
     summary,
     seconds: float | None = None,
 ) -> dict:
-    """Write <stage>.done.json; `seconds` is the wall time of the process that finished the stage."""
+    """Write <stage>.done.json; `seconds` is the wall time of the process that
+    finished the stage."""
     records, done = stage_paths(run_dir, stage)
     info = {
         "stage": stage,

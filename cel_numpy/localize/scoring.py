@@ -49,7 +49,8 @@ def continuation_logprob(logits: np.ndarray, targets: Sequence[int]) -> float:
 
 
 def next_token_log_softmax(logits: np.ndarray) -> np.ndarray:
-    """logits (V,) at one position -> log p of every next token (V,) float64 (one-token candidates)."""
+    """logits (V,) at one position -> log p of every next token (V,) float64
+    (one-token candidates)."""
     return log_softmax(np.asarray(logits, dtype=np.float64))
 
 
@@ -119,7 +120,8 @@ class StopRule:
         return text if self.text is None else text.split(self.text, 1)[0]
 
     def is_done(self, tokenizer):
-        """A test on the ids so far (None when there is no stop text): the text has the stop text."""
+        """A test on the ids so far (None when there is no stop text): the text has the
+        stop text."""
         if self.text is None:
             return None
         return lambda ids: self.text in tokenizer.decode(list(ids))

@@ -75,7 +75,8 @@ def _context():
 
 
 class WorkerPool(Executor):
-    """A process pool of at most `n_workers` whose workers end with the parent (module docstring)."""
+    """A process pool of at most `n_workers` whose workers end with the parent
+    (module docstring)."""
 
     def __init__(self, n_workers: int):
         if n_workers < 1:

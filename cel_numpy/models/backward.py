@@ -1,7 +1,7 @@
 """The backward pass of the whole transformer (GPT-2 and Llama), for a debugger and a head screen.
 
-    logits, cache = transformer_forward(params, config, ids, mask, head_mask=m)   # keep_activations
-    loss, dlogits = cross_entropy_loss(logits, targets)                           # or any dM/dlogits
+    logits, cache = transformer_forward(params, config, ids, mask, head_mask=m)  # keep_activations
+    loss, dlogits = cross_entropy_loss(logits, targets)                          # or any dM/dlogits
     grads, dhead_mask = transformer_backward(dlogits, params, config, cache, ids)
 
 It mirrors `transformer_forward` in reverse, one block at a time, composed from the ops'
@@ -115,7 +115,8 @@ def mlp_backward(
 def block_backward(
     dout: np.ndarray, p: dict, cache: BlockCache, config: ModelConfig, fill: np.ndarray | None
 ):
-    """Backward of one pre-norm block.  dout (B, T, D) -> dx (B, T, D), grads (keys of p), dhead_mask (H,).
+    """Backward of one pre-norm block.
+    dout (B, T, D) -> dx (B, T, D), grads (keys of p), dhead_mask (H,).
 
     Forward: mid = x + attn(ln1(x)); out = mid + mlp(ln2(mid)).
     """
@@ -143,7 +144,8 @@ def transformer_backward(
     *,
     head_fill: np.ndarray | None = None,
 ):
-    """dlogits (B, T, V) for a forward over all T positions -> grads (keys of params), dhead_mask (L, H).
+    """dlogits (B, T, V) for a forward over all T positions -> grads (keys of params),
+    dhead_mask (L, H).
 
     `cache` is that forward's ForwardCache with activations kept (keep_activations=True, no
     logit_positions or logit_columns, no past). head_fill (L, H, E): the forward's, for mean
@@ -158,7 +160,8 @@ def transformer_backward(
     B, T = np.shape(ids)
     if dlogits.shape[:2] != (B, T) or cache.ln_final_out.shape[:2] != (B, T):
         raise ValueError(
-            f"dlogits must cover every position: (B, T, V) with (B, T) = {(B, T)}, got {dlogits.shape}"
+            f"dlogits must cover every position: (B, T, V) with (B, T) = {(B, T)}, "
+            f"got {dlogits.shape}"
         )
     L = config.n_layers
     grads: dict = {}

@@ -193,7 +193,8 @@ def check_prompt(ids: list[int], max_new_tokens: int, n_ctx: int, what: str = "t
     if len(ids) + max_new_tokens > n_ctx:
         raise PromptError(
             f"{what} is {len(ids)} tokens; with --max-new-tokens {max_new_tokens} that is "
-            f"{len(ids) + max_new_tokens}, more than the model's context of {n_ctx} tokens: shorten it"
+            f"{len(ids) + max_new_tokens}, more than the model's context of {n_ctx} tokens: "
+            "shorten it"
         )
 
 

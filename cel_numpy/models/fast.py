@@ -131,11 +131,12 @@ def prepare(model) -> Prepared:
     return prep
 
 
-# --------------------------------------------------------------------------- pieces (in place where safe)
+# --------------------------------------------------------------------- pieces (in place where safe)
 
 
 def _norm(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, config: ModelConfig) -> np.ndarray:
-    """LayerNorm (gpt2) or RMSNorm (others) over the last axis into a new array.  (..., D) -> (..., D)."""
+    """LayerNorm (gpt2) or RMSNorm (others) over the last axis into a new array.
+    (..., D) -> (..., D)."""
     eps = config.norm_eps  # a Python float: keeps float32 float32
     if config.family == "gpt2":
         y = x - x.mean(axis=-1, keepdims=True)  # (..., D)
@@ -253,7 +254,8 @@ def _attention_step(
 
 
 def _ablate_(z: np.ndarray, keep: np.ndarray | None, fill: np.ndarray | None) -> np.ndarray:
-    """In place: z_h <- keep_h z_h + (1 - keep_h) fill_h per row.  z (R, H, T, E), keep (R, H), fill (H, E)."""
+    """In place: z_h <- keep_h z_h + (1 - keep_h) fill_h per row.
+    z (R, H, T, E), keep (R, H), fill (H, E)."""
     if keep is None:
         return z
     m = keep[:, :, None, None]  # (R, H, 1, 1)
@@ -282,7 +284,8 @@ def _block_rest(
     fill: np.ndarray | None,
     config: ModelConfig,
 ) -> np.ndarray:
-    """After attention: ablate z, W_O, residual, MLP.  x (R, Tq, D), z (R, H, Tq, E) -> (R, Tq, D)."""
+    """After attention: ablate z, W_O, residual, MLP.
+    x (R, Tq, D), z (R, H, Tq, E) -> (R, Tq, D)."""
     _ablate_(z, keep, fill)
     return _mlp_residual_(lw, _attn_out_residual(lw, x, z), config)
 
@@ -328,7 +331,8 @@ def forward(
     positions: slice = slice(None),
     columns: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Intact logits, the fast way.  ids (B, T) -> logits (B, T', V) at `positions` (all by default)."""
+    """Intact logits, the fast way.
+    ids (B, T) -> logits (B, T', V) at `positions` (all by default)."""
     ids = np.asarray(ids)
     if attention_mask is None:
         attention_mask = np.ones(ids.shape, np.int64)
@@ -364,7 +368,8 @@ class Segment:
 
 
 def left_pad(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Token-id lists -> ids (R, T) left-padded with id 0 (masked, never read), valid (R, T) bool."""
+    """Token-id lists -> ids (R, T) left-padded with id 0 (masked, never read),
+    valid (R, T) bool."""
     T = max(1, max(len(r) for r in rows))
     ids = np.zeros((len(rows), T), np.int64)
     valid = np.zeros((len(rows), T), bool)
@@ -403,7 +408,8 @@ def tree(
 
 
 def common_prefix(seqs: Sequence[Sequence[int]], keep: Sequence[int]) -> int:
-    """Length of the longest common token prefix of `seqs` that leaves row b at least keep[b] tokens."""
+    """Length of the longest common token prefix of `seqs` that leaves row b at least
+    keep[b] tokens."""
     n = min(len(s) - k for s, k in zip(seqs, keep))
     first = seqs[0]
     for s in seqs[1:]:
@@ -473,7 +479,8 @@ def _layer_segments(segments, j, L, readout):
 
 @dataclass
 class IntactTree:
-    """One intact pass over a tree, kept layer by layer: what every ablated condition starts from."""
+    """One intact pass over a tree, kept layer by layer: what every ablated condition
+    starts from."""
 
     segments: list[Segment]
     resid_pre: list[list[np.ndarray]]  # [layer][segment] (R_s, T_s, D)
@@ -552,7 +559,8 @@ def _keep_rows(keys: Sequence[Condition], layer: int, H: int, dtype) -> np.ndarr
 
 
 def _below(cond: Condition, j: int) -> Condition:
-    """The heads of `cond` in layers below j: what the residual stream entering layer j depends on."""
+    """The heads of `cond` in layers below j: what the residual stream entering layer j
+    depends on."""
     return tuple(hd for hd in cond if hd[0] < j)
 
 

@@ -73,7 +73,8 @@ def _reader_class():
             self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
         def _build_tensors(self, start_offs, fields):
-            """Refuse a tensor whose bytes run past the end of the file (a cut download), by name."""
+            """Refuse a tensor whose bytes run past the end of the file (a cut download),
+            by name."""
             from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
             for field in fields:
@@ -93,13 +94,14 @@ def _reader_class():
                 end = int(start_offs) + int(offset[0]) + n_bytes
                 if end > len(self._data):
                     raise ValueError(
-                        f"tensor {bytes(name).decode(errors='replace')} ends at byte {end}, past the end "
-                        f"of the file ({len(self._data)} bytes)"
+                        f"tensor {bytes(name).decode(errors='replace')} ends at byte {end}, "
+                        f"past the end of the file ({len(self._data)} bytes)"
                     )
             return super()._build_tensors(start_offs, fields)
 
         def _get_field_parts(self, orig_offs, raw_type):
-            """Refuse an array whose length cannot fit in the rest of the file (before looping over it)."""
+            """Refuse an array whose length cannot fit in the rest of the file (before looping
+            over it)."""
             if int(raw_type) == GGUFValueType.ARRAY:
                 item_type = self._get(orig_offs, np.uint32)
                 length = self._get(orig_offs + 4, np.uint64)
@@ -274,7 +276,8 @@ def dequantize_from_file(f, info: TensorInfo, dtype) -> np.ndarray:
         raw = np.fromfile(f, dtype=info.item_dtype, count=rows * info.row_items)
         if raw.size != rows * info.row_items:
             raise ModelFileError(
-                f"{f.name}: tensor {info.name} is cut short; the file may be truncated: download it again"
+                f"{f.name}: tensor {info.name} is cut short; the file may be truncated: "
+                "download it again"
             )
         out_rows[start : start + rows] = dequantize(raw.reshape(rows, info.row_items), qtype)
     return out

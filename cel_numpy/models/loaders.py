@@ -76,7 +76,8 @@ def load_model(
         params, config, tokenizer = load_npz(path, dtype, check)
     else:
         raise ModelFileError(
-            f"{path}: don't know how to load this file: expected a Hugging Face folder, a .gguf or a .npz file"
+            f"{path}: don't know how to load this file: expected a Hugging Face folder, "
+            "a .gguf or a .npz file"
         )
     return Model(params, config, tokenizer, source=str(path))
 
@@ -164,8 +165,8 @@ def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
         (n,) = struct.unpack("<Q", prefix)
         if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
             raise ModelFileError(
-                f"{path}: the header claims {n} bytes but the file has {size - 8} after its length field: "
-                f"not a safetensors file, or {hint}"
+                f"{path}: the header claims {n} bytes but the file has {size - 8} after its "
+                f"length field: not a safetensors file, or {hint}"
             )
         raw = f.read(n)
     try:
@@ -200,8 +201,8 @@ def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
         needed = math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype]
         if end - begin != needed:
             raise ModelFileError(
-                f"{path}: tensor {name} ({dtype} {tuple(shape)}) needs {needed} bytes but its offsets span "
-                f"{end - begin}; {hint}"
+                f"{path}: tensor {name} ({dtype} {tuple(shape)}) needs {needed} bytes but its "
+                f"offsets span {end - begin}; {hint}"
             )
         if end > data_size:
             raise ModelFileError(

@@ -13,8 +13,9 @@ LEFT-padded by `pad`, so column -1 is every prompt's next-token position; output
 positions are garbage. Positions count real tokens only: clip(cumsum(mask) - 1, 0).
 
 Ablation acts on z, each head's output before the output projection W_O. Heads are (layer, head),
-0-based, in any spelling of cel_numpy.heads: "L3H1", "L3H1+L5H0", (3, 1), [(3, 1), (5, 0)]. Under grouped-query attention one query head is removed; the key/value
-group it reads stays (other heads use it).
+0-based, in any spelling of cel_numpy.heads: "L3H1", "L3H1+L5H0", (3, 1), [(3, 1), (5, 0)].
+Under grouped-query attention one query head is removed; the key/value group it reads stays
+(other heads use it).
   - zero: z_h = 0.
   - mean: z_h = mean of z_h over every non-pad position of a reference batch, computed with the
     intact model (one vector per head, the same at every position) -- `mean_z`.
@@ -283,13 +284,15 @@ class Model:
         if mean_z is None:
             if reference is None:
                 raise UserError(
-                    "mean ablation needs reference=... (token ids of a reference batch) or mean_z=..."
+                    "mean ablation needs reference=... (token ids of a reference batch) "
+                    "or mean_z=..."
                 )
             mean_z = self.mean_z(reference)
         c = self.config
         if np.shape(mean_z) != (c.n_layers, c.n_heads, c.d_head):
             raise ValueError(
-                f"mean_z must be (L, H, E) = {(c.n_layers, c.n_heads, c.d_head)}, got {np.shape(mean_z)}"
+                f"mean_z must be (L, H, E) = {(c.n_layers, c.n_heads, c.d_head)}, "
+                f"got {np.shape(mean_z)}"
             )
         return np.asarray(mean_z, dtype=self.dtype)
 
@@ -349,8 +352,9 @@ class Model:
 
         ids: (B, T) array or list of id lists (left-padded here). targets: same shape as ids, or
         list of lists of the same lengths; targets[b, t] is the token logits[b, t] should predict,
-        negative = not scored. head_mask (L, H) floats (ones when None): z_h -> m z_h + (1 - m) fill_h,
-        fill = 0 (zero ablation) or the head's mean output (mean). Run in float64 for gradient checks.
+        negative = not scored. head_mask (L, H) floats (ones when None):
+        z_h -> m z_h + (1 - m) fill_h, fill = 0 (zero ablation) or the head's mean output (mean).
+        Run in float64 for gradient checks.
 
         Returns loss, grads: the parameter gradients keyed exactly like `params` (a tied
         unembedding holds the total gradient under both keys), plus grads["head_mask"] (L, H) =
@@ -473,7 +477,8 @@ class Model:
     def generate(
         self, text: str | Sequence[str], max_new_tokens: int = 16, **kwargs
     ) -> str | list[str]:
-        """Greedy continuation of a prompt (or of each prompt in a list); returns the new text only."""
+        """Greedy continuation of a prompt (or of each prompt in a list); returns the new
+        text only."""
         tok = self._require_tokenizer()
         prompts = [text] if isinstance(text, str) else list(text)
         new = self.generate_ids([tok.encode(p) for p in prompts], max_new_tokens, **kwargs)

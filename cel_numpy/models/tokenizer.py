@@ -384,8 +384,8 @@ class BPETokenizer:
         except UnicodeEncodeError:
             at = next(i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF)
             raise PromptError(
-                f"text is not valid Unicode: lone surrogate U+{ord(text[at]):04X} at character {at} "
-                "(text decoded with errors='surrogateescape'? decode it as UTF-8 first)"
+                f"text is not valid Unicode: lone surrogate U+{ord(text[at]):04X} at character "
+                f"{at} (text decoded with errors='surrogateescape'? decode it as UTF-8 first)"
             ) from None
         return ids
 
@@ -510,7 +510,8 @@ class BPETokenizer:
         )  # older files: GPT-2 rules
         if pre_name not in GGUF_PRE:
             raise TokenizerError(
-                f"GGUF tokenizer.ggml.pre {pre_name!r} is not supported (known: {', '.join(GGUF_PRE)})"
+                f"GGUF tokenizer.ggml.pre {pre_name!r} is not supported "
+                f"(known: {', '.join(GGUF_PRE)})"
             )
         tokens = gguf_field(reader, "tokenizer.ggml.tokens")
         types = gguf_field(reader, "tokenizer.ggml.token_type", default=[1] * len(tokens))
@@ -641,7 +642,8 @@ def _invert_vocab(vocab: dict[str, int]) -> list[str | None]:
         raise TokenizerError("vocabulary ids must be integers")
     if max(vocab.values()) > 16 * len(vocab) + 1024:
         raise TokenizerError(
-            f"token id {max(vocab.values())} is far beyond the {len(vocab)} tokens of the vocabulary"
+            f"token id {max(vocab.values())} is far beyond the {len(vocab)} tokens "
+            "of the vocabulary"
         )
     table: list[str | None] = [None] * (max(vocab.values()) + 1)
     for token, idx in vocab.items():
@@ -750,7 +752,8 @@ def _hf_pre_steps(spec: dict | None, path: Path) -> tuple[PreTokenizeStep, ...]:
     if kind == "Split":
         return (_hf_split(spec, path),)
     raise TokenizerError(
-        f"{path}: unsupported pre_tokenizer type {kind!r} (supported: ByteLevel, Split, Digits, Sequence)"
+        f"{path}: unsupported pre_tokenizer type {kind!r} "
+        "(supported: ByteLevel, Split, Digits, Sequence)"
     )
 
 
@@ -759,7 +762,8 @@ def _hf_split(spec: dict, path: Path) -> RegexSplit:
     behavior, invert = spec.get("behavior"), spec.get("invert", False)
     if behavior != "Isolated" or invert:
         raise TokenizerError(
-            f"{path}: unsupported Split pre_tokenizer (behavior={behavior!r}, invert={invert}); only Isolated"
+            f"{path}: unsupported Split pre_tokenizer (behavior={behavior!r}, invert={invert}); "
+            "only Isolated"
         )
     pattern = spec.get("pattern", {})
     if "Regex" in pattern:

@@ -1,10 +1,13 @@
 """One config-driven transformer forward for GPT-2 and Llama, as plain functions.
 
-    ids (B, T) --embed--> x (B, T, D) --block_0..block_{L-1}--> x --final norm, W_U--> logits (B, T, V)
+    ids (B, T) --embed--> x (B, T, D) --block_0..block_{L-1}--> x
+               --final norm, W_U--> logits (B, T, V)
 
     block (pre-norm):  x = x + attn(norm1(x));  x = x + mlp(norm2(x))
-      gpt2:  LayerNorm, learned positions added to the embedding, MLP = GELU-tanh(x W_in + b_in) W_out + b_out
-      llama: RMSNorm, rotary on q and k, grouped-query attention, MLP = (silu(x W_gate) * (x W_in)) W_out
+      gpt2:  LayerNorm, learned positions added to the embedding,
+             MLP = GELU-tanh(x W_in + b_in) W_out + b_out
+      llama: RMSNorm, rotary on q and k, grouped-query attention,
+             MLP = (silu(x W_gate) * (x W_in)) W_out
 
 The attention is `cel_numpy.attention.attention_forward`, the same function the theory model
 trains with; the norms and activations come from `cel_numpy.ops`.
@@ -12,8 +15,10 @@ trains with; the norms and activations come from `cel_numpy.ops`.
 Parameters are a nested dict with TransformerLens names (flatten with `flatten_params`):
 
     embed.W_E (V, D)   pos_embed.W_pos (n_ctx, D) gpt2 only
-    blocks[l].ln1.w (D,) [.b]   blocks[l].attn.{W_Q (H,D,E), W_K (G,D,E), W_V (G,D,E), W_O (H,E,D), b_*}
-    blocks[l].ln2.w (D,) [.b]   blocks[l].mlp.{W_in (D,F), W_gate (D,F) llama, W_out (F,D), b_in, b_out}
+    blocks[l].ln1.w (D,) [.b]   blocks[l].attn.{W_Q (H,D,E), W_K (G,D,E), W_V (G,D,E),
+                                                W_O (H,E,D), b_*}
+    blocks[l].ln2.w (D,) [.b]   blocks[l].mlp.{W_in (D,F), W_gate (D,F) llama, W_out (F,D),
+                                               b_in, b_out}
     ln_final.w (D,) [.b]        unembed.W_U (D, V) (a transposed view of W_E when tied) [b_U (V,)]
 
 Pieces for a performance pass: `prepare_inputs` builds positions, masks and rotary tables once;
@@ -99,7 +104,8 @@ class ForwardInputs:
 
 
 def prepare_inputs(config: ModelConfig, attention_mask: np.ndarray, T: int, dtype) -> ForwardInputs:
-    """attention_mask (B, S) over past + current tokens -> positions, mask, rotary for the last T."""
+    """attention_mask (B, S) over past + current tokens -> positions, mask, rotary for the
+    last T."""
     valid = np.asarray(attention_mask).astype(bool)  # (B, S)
     B, S = valid.shape
     if S < T:
@@ -107,8 +113,8 @@ def prepare_inputs(config: ModelConfig, attention_mask: np.ndarray, T: int, dtyp
     positions = np.clip(np.cumsum(valid, axis=1) - 1, 0, None)[:, S - T :]  # (B, T)
     if positions.size and positions.max() >= config.n_ctx:
         raise PromptError(
-            f"{positions.max() + 1} tokens exceed the model's context of {config.n_ctx} tokens: shorten the prompt "
-            "(or lower max_new_tokens)"
+            f"{positions.max() + 1} tokens exceed the model's context of {config.n_ctx} tokens: "
+            "shorten the prompt (or lower max_new_tokens)"
         )
     mask = padded_causal_mask(valid, T)  # (B, 1, T, S)
     rotary = None
@@ -399,7 +405,8 @@ def transformer_forward(
     attention_mask = np.asarray(attention_mask)
     if attention_mask.shape != (B, n_past + T):
         raise ValueError(
-            f"attention_mask must be (B, S_past + T) = {(B, n_past + T)}, got {attention_mask.shape}"
+            f"attention_mask must be (B, S_past + T) = {(B, n_past + T)}, "
+            f"got {attention_mask.shape}"
         )
     L, H = config.n_layers, config.n_heads
     if head_mask is not None and np.shape(head_mask) != (L, H):

@@ -393,8 +393,8 @@ def check_tensors(
     per_layer = 1 if fmt == "npz" else 2  # a layer has far more tensors than this in every format
     if config.n_layers * per_layer > len(headers):
         raise ModelFileError(
-            f"{where}: the config says {config.n_layers} layers but the checkpoint holds only {len(headers)} "
-            "tensors: wrong config, or a damaged file (download it again)"
+            f"{where}: the config says {config.n_layers} layers but the checkpoint holds only "
+            f"{len(headers)} tensors: wrong config, or a damaged file (download it again)"
         )
     for spec in weight_table(config, fmt):
         name = getattr(spec, fmt)
@@ -409,12 +409,14 @@ def check_tensors(
         expected = spec.checkpoint_shape(fmt)
         if header.shape != expected:
             raise ModelFileError(
-                f"{where}: tensor {prefix + name} has shape {header.shape}, the config needs {expected}: "
-                "the config and the weights do not belong together (or the file is damaged)"
+                f"{where}: tensor {prefix + name} has shape {header.shape}, "
+                f"the config needs {expected}: the config and the weights do not belong "
+                "together (or the file is damaged)"
             )
         if not header.is_float:
             raise ModelFileError(
-                f"{where}: tensor {prefix + name} is stored as {header.dtype}, not as floating point"
+                f"{where}: tensor {prefix + name} is stored as {header.dtype}, "
+                "not as floating point"
             )
 
 

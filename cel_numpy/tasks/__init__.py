@@ -4,10 +4,14 @@
     TASKS["arithmetic_chat"]  the released protocol: instruction + question as one chat user
                            message in the model's template -> "124" then end of turn  generate
     TASKS["arithmetic_2shot"]  the same after two fixed solved examples of the same subtask
-    TASKS["ioi"]           "When Mary and John went to the store, John gave a drink to" -> " Mary"   choice
-    TASKS["greater_than"]  "The war lasted from the year 1732 to the year 17" -> any YY > 32   generate
-    TASKS["capitals"]      "France: Paris\\nJapan: Tokyo\\nEgypt: Cairo\\nItaly:" -> " Rome"   generate
-    TASKS["antonyms"]      "hot -> cold\\nrich -> poor\\nday -> night\\nwet ->" -> " dry"    generate
+    TASKS["ioi"]           "When Mary and John went to the store, John gave a drink to"
+                           -> " Mary"                                                choice
+    TASKS["greater_than"]  "The war lasted from the year 1732 to the year 17"
+                           -> any YY > 32                                           generate
+    TASKS["capitals"]      "France: Paris\\nJapan: Tokyo\\nEgypt: Cairo\\nItaly:"
+                           -> " Rome"                                               generate
+    TASKS["antonyms"]      "hot -> cold\\nrich -> poor\\nday -> night\\nwet ->"
+                           -> " dry"                                                generate
     TASKS["agreement"]     "The key near the cabinets" -> " is" (vs " are")          choice
 
 Each module's docstring gives the templates, scoring decisions and template-space sizes.
@@ -40,7 +44,8 @@ TASKS: dict[str, Task] = {
 
 
 def get_task(name: str) -> Task:
-    """The registered task called `name`; OptionError (a ValueError) listing the known names otherwise."""
+    """The registered task called `name`; OptionError (a ValueError) listing the known
+    names otherwise."""
     if name not in TASKS:
         raise OptionError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]

@@ -39,7 +39,8 @@ NOUNS = (
     ("dish", "dishes"), ("baby", "babies"), ("city", "cities"), ("lady", "ladies"),
 )  # fmt: skip
 FRAMES = (
-    "near the {}", "behind the {}", "next to the {}", "beside the {}", "with the {}", "under the {}",
+    "near the {}", "behind the {}", "next to the {}", "beside the {}", "with the {}",
+    "under the {}",
     "that the {} saw", "that the {} liked", "that the {} found", "that the {} met",
     "that the {} visited", "that the {} described",
 )  # fmt: skip

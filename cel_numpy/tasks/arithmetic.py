@@ -52,7 +52,8 @@ def _n_values(n_digits: int) -> int:
 
 
 class Arithmetic(TemplateTask):
-    """Zero-shot ("arithmetic") or with two fixed solved examples per subtask ("arithmetic_2shot")."""
+    """Zero-shot ("arithmetic") or with two fixed solved examples per subtask
+    ("arithmetic_2shot")."""
 
     name = "arithmetic"
     scoring = "generate"

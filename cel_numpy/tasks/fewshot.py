@@ -34,7 +34,8 @@ CAPITALS = (
     # Europe
     ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"),
     ("Portugal", "Lisbon"), ("United Kingdom", "London"), ("Ireland", "Dublin"),
-    ("Belgium", "Brussels"), ("Iceland", "Reykjavik"), ("Kosovo", "Pristina"), ("Austria", "Vienna"), ("Poland", "Warsaw"),
+    ("Belgium", "Brussels"), ("Iceland", "Reykjavik"), ("Kosovo", "Pristina"),
+    ("Austria", "Vienna"), ("Poland", "Warsaw"),
     ("Czech Republic", "Prague"), ("Slovakia", "Bratislava"), ("Hungary", "Budapest"),
     ("Slovenia", "Ljubljana"), ("Croatia", "Zagreb"), ("Bosnia and Herzegovina", "Sarajevo"),
     ("Serbia", "Belgrade"), ("Montenegro", "Podgorica"), ("Albania", "Tirana"),
@@ -47,7 +48,8 @@ CAPITALS = (
     # Middle East, Central, South and East Asia
     ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Syria", "Damascus"), ("Lebanon", "Beirut"),
     ("Jordan", "Amman"), ("Saudi Arabia", "Riyadh"), ("Oman", "Muscat"),
-    ("United Arab Emirates", "Abu Dhabi"), ("Qatar", "Doha"), ("Bahrain", "Manama"), ("Kuwait", "Kuwait City"),
+    ("United Arab Emirates", "Abu Dhabi"), ("Qatar", "Doha"), ("Bahrain", "Manama"),
+    ("Kuwait", "Kuwait City"),
     ("Afghanistan", "Kabul"), ("Pakistan", "Islamabad"), ("Nepal", "Kathmandu"),
     ("Bhutan", "Thimphu"), ("Bangladesh", "Dhaka"), ("Thailand", "Bangkok"),
     ("Laos", "Vientiane"), ("Cambodia", "Phnom Penh"), ("Vietnam", "Hanoi"),
@@ -74,7 +76,8 @@ CAPITALS = (
     # Americas
     ("Canada", "Ottawa"), ("Mexico", "Mexico City"), ("Cuba", "Havana"), ("Jamaica", "Kingston"),
     ("Haiti", "Port-au-Prince"), ("Dominican Republic", "Santo Domingo"), ("Bahamas", "Nassau"),
-    ("Guatemala", "Guatemala City"), ("Panama", "Panama City"), ("Honduras", "Tegucigalpa"), ("Nicaragua", "Managua"), ("El Salvador", "San Salvador"),
+    ("Guatemala", "Guatemala City"), ("Panama", "Panama City"), ("Honduras", "Tegucigalpa"),
+    ("Nicaragua", "Managua"), ("El Salvador", "San Salvador"),
     ("Belize", "Belmopan"), ("Venezuela", "Caracas"), ("Ecuador", "Quito"), ("Peru", "Lima"),
     ("Chile", "Santiago"), ("Argentina", "Buenos Aires"), ("Uruguay", "Montevideo"),
     ("Guyana", "Georgetown"), ("Suriname", "Paramaribo"), ("Trinidad and Tobago", "Port of Spain"),

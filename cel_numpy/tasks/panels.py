@@ -42,12 +42,14 @@ _FALLBACK_STALL_ROUNDS = 50
 
 
 def max_panel_items(task: TemplateTask) -> int:
-    """Largest n_discovery + n_heldout accepted for a template task: K * (smallest subtask space)."""
+    """Largest n_discovery + n_heldout accepted for a template task:
+    K * (smallest subtask space)."""
     return len(task.subtasks) * min(task.space_size(s) for s in task.subtasks)
 
 
 def _shares(n: int, k: int, start: int) -> list[int]:
-    """n split over k subtasks as evenly as possible; the n mod k extras go to start, start+1, ..."""
+    """n split over k subtasks as evenly as possible; the n mod k extras go to
+    start, start+1, ..."""
     counts = [n // k] * k
     for j in range(n % k):
         counts[(start + j) % k] += 1
@@ -80,7 +82,8 @@ def make_panels(
 
 
 def split_clusters(n_clusters: int, n_d: int, n_h: int) -> tuple[int, int]:
-    """(clusters for discovery, clusters for held-out): min(C, n_d + n_h) in proportion to n_d : n_h."""
+    """(clusters for discovery, clusters for held-out): min(C, n_d + n_h) in proportion to
+    n_d : n_h."""
     total = min(n_clusters, n_d + n_h)
     if total < 2:
         raise OptionError(
@@ -115,8 +118,8 @@ def _template_panels(task: TemplateTask, n_d: int, n_h: int, rng: np.random.Gene
     if n_d + n_h > limit:
         sizes = ", ".join(f"{s}={task.space_size(s)}" for s in task.subtasks)
         raise OptionError(
-            f"task {task.name!r}: asked for {n_d} + {n_h} = {n_d + n_h} distinct items, the maximum is "
-            f"{limit} (equal shares over {k} subtasks; template spaces {sizes})"
+            f"task {task.name!r}: asked for {n_d} + {n_h} = {n_d + n_h} distinct items, "
+            f"the maximum is {limit} (equal shares over {k} subtasks; template spaces {sizes})"
         )
     share_d = _shares(n_d, k, start=0)
     share_h = _shares(n_h, k, start=n_d % k)
@@ -165,7 +168,8 @@ def _draw(task, subtask, clusters, q, start, rng, panel) -> list[Item]:
 
 
 def _interleave(groups: list[list[Item]]) -> list[Item]:
-    """Round-robin over groups (subtasks, clusters), so any prefix of a panel is close to balanced."""
+    """Round-robin over groups (subtasks, clusters), so any prefix of a panel is
+    close to balanced."""
     out = []
     for j in range(max((len(g) for g in groups), default=0)):
         out.extend(g[j] for g in groups if j < len(g))

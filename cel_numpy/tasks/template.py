@@ -43,7 +43,8 @@ class TemplateTask:
     shared_clusters: bool = False
 
     def cluster_shape(self, subtask: str) -> tuple[int, int]:
-        """(number of clusters, items per cluster) of a subtask; default: each item its own cluster."""
+        """(number of clusters, items per cluster) of a subtask; default: each item
+        its own cluster."""
         return self.space_size(subtask), 1
 
     def item_in_cluster(self, subtask: str, cluster: int, j: int) -> Item:
@@ -62,7 +63,8 @@ class TemplateTask:
         return items
 
     def is_correct(self, item: Item, output: str) -> bool:
-        """Default: the chosen candidate ("choice") or the stripped first line ("generate") equals the answer."""
+        """Default: the chosen candidate ("choice") or the stripped first line ("generate")
+        equals the answer."""
         if self.scoring == "choice":
             return output == item.answer
         return first_line(output) == item.answer
@@ -100,7 +102,8 @@ def parse_signed_int(output: str) -> str | None:
 
 
 def unrank_arrangement(index: int, pool: tuple, k: int) -> list:
-    """The index-th ordered selection of k distinct elements of pool, index in [0, n(n-1)..(n-k+1))."""
+    """The index-th ordered selection of k distinct elements of pool,
+    index in [0, n(n-1)..(n-k+1))."""
     remaining = list(pool)
     chosen = []
     for _ in range(k):

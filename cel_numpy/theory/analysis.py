@@ -1,8 +1,9 @@
 """Closed forms, loadings, concentration and head ablations of the theory model.
 
-Closed forms (derived in docs/design.md#closed-forms). Write u = w_s . z_s and r = w_c . z_c, independent N(0, 1).
-Task A wants u + r, task B wants u - r, and the task is hidden, so the joint optimum is the
-conditional mean  y* = u + delta r  with delta = p_A - p_B.  For any predictor a_s u + a_c r:
+Closed forms (derived in docs/design.md#closed-forms). Write u = w_s . z_s and r = w_c . z_c,
+independent N(0, 1). Task A wants u + r, task B wants u - r, and the task is hidden, so the
+joint optimum is the conditional mean  y* = u + delta r  with delta = p_A - p_B.
+For any predictor a_s u + a_c r:
 
     loss_A(a_s, a_c) = 1/2 [(1 - a_s)^2 + (1 - a_c)^2]
     loss_B(a_s, a_c) = 1/2 [(1 - a_s)^2 + (1 + a_c)^2]
@@ -82,7 +83,8 @@ def expected_attention(params: dict, batch: Batch) -> tuple[np.ndarray, np.ndarr
 
 
 def loadings(params: dict, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-    """(c-loadings, s-loadings), each (H,): beta_h = E[a_{h,f}] (V_h . w_f), E over `batch` types."""
+    """(c-loadings, s-loadings), each (H,): beta_h = E[a_{h,f}] (V_h . w_f),
+    E over `batch` types."""
     w_s, w_c = feature_directions(params["V"].shape[1])
     mean_a_c, mean_a_s = expected_attention(params, batch)
     return mean_a_c * (params["V"] @ w_c), mean_a_s * (params["V"] @ w_s)  # (H,), (H,)

@@ -20,8 +20,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "theory",
         help="train the two-task theory model, ablate heads, write a summary",
-        description="Train the two-task theory model (docs/design.md#theory-world), compare with the closed forms, "
-        "measure the concentration of the c-feature, and ablate every head and head set up to size 3.",
+        description="Train the two-task theory model (docs/design.md#theory-world), compare with "
+        "the closed forms, measure the concentration of the c-feature, and ablate every head and "
+        "head set up to size 3.",
     )
     p.add_argument(
         "--heads", type=int, default=d.n_heads, help=f"number of heads H (default {d.n_heads})"
@@ -189,18 +190,20 @@ def main(args: argparse.Namespace) -> int:
         )
         plots.plot_concentration_vs_init(records, out / "concentration_vs_init.png")
         print(
-            f"{'init':>8s} {'seed':>4s} {'conc.':>6s} {'joint':>7s} {'c-head dA':>10s} {'c-head dB':>10s}"
+            f"{'init':>8s} {'seed':>4s} {'conc.':>6s} {'joint':>7s} "
+            f"{'c-head dA':>10s} {'c-head dB':>10s}"
         )
         for r in records:
             print(
-                f"{r['init_scale']:8.0e} {r['seed']:4d} {r['concentration']:6.3f} {r['joint_loss']:7.4f}"
-                f" {r['c_head_delta_a']:+10.4f} {r['c_head_delta_b']:+10.4f}"
+                f"{r['init_scale']:8.0e} {r['seed']:4d} {r['concentration']:6.3f} "
+                f"{r['joint_loss']:7.4f} {r['c_head_delta_a']:+10.4f} {r['c_head_delta_b']:+10.4f}"
             )
         print(f"wrote {out / 'sweep.json'} and {out / 'concentration_vs_init.png'}")
         return 0
     if progress:
         print(
-            f"training H={config.n_heads} p_A={config.p_a} init={config.init_scale} for {config.steps} steps",
+            f"training H={config.n_heads} p_A={config.p_a} init={config.init_scale} "
+            f"for {config.steps} steps",
             file=sys.stderr,
         )
     try:

@@ -74,7 +74,8 @@ class TrainLog:
     s_loading: list = field(default_factory=list)  # L arrays (H,)
 
     def as_arrays(self) -> dict:
-        """{"step": (L,), "loss_a": (L,), "loss_b": (L,), "loss_joint": (L,), "c_loading": (L, H), "s_loading": (L, H)}."""
+        """{"step": (L,), "loss_a": (L,), "loss_b": (L,), "loss_joint": (L,),
+        "c_loading": (L, H), "s_loading": (L, H)}."""
         return {name: np.asarray(getattr(self, name)) for name in self.__dataclass_fields__}
 
 
@@ -122,8 +123,8 @@ def train(config: TrainConfig, rng: np.random.Generator, progress: bool = False)
         first_loss = loss if first_loss is None else first_loss
         if not np.isfinite(loss) or loss > DIVERGED * max(first_loss, 1e-3):
             raise DivergenceError(
-                f"training diverged at step {step} (batch loss {loss:.3g}, first {first_loss:.3g}): "
-                f"lower the learning rate (--lr, now {config.lr:g})"
+                f"training diverged at step {step} (batch loss {loss:.3g}, first "
+                f"{first_loss:.3g}): lower the learning rate (--lr, now {config.lr:g})"
             )
         for name in params:
             params[name] -= config.lr * grads[name]
