@@ -9,7 +9,7 @@
 # |---|---|---|
 # | norm | LayerNorm | RMSNorm: $x / \sqrt{\overline{x^2} + \epsilon}\, w$ |
 # | positions | learned $W_{pos}$ added to the input | rotary: q and k rotated by position |
-# | MLP | $\mathrm{GELU}(x W_{in}) W_{out}$ | SwiGLU: $(\mathrm{silu}(x W_{gate}) \odot x W_{in}) W_{out}$ <!-- # noqa: E501 --> |
+# | MLP | $\text{GELU}(xW_{in})W_{out}$ | SwiGLU: $(\text{silu}(xW_{gate}) \odot xW_{in})W_{out}$ |
 # | attention | 12 heads, each with its own k, v | 9 query heads share 3 key/value heads (GQA) |
 #
 # This tutorial checks the model knows a fact, opens up what GQA and rotary change, shows

@@ -9,7 +9,7 @@
 # | attention biases | none | $b_Q, b_K, b_V$ (none on the output projection) |
 # | rotary base | $10^4$ | $10^6$ (slower rotation: longer contexts) |
 # | GGUF Q/K rows | permuted by llama.cpp, undone by the loader | stored as Hugging Face has them |
-# | pre-tokenizer | digits one by one, then GPT-2's regex | its own regex, digits one by one, NFC first <!-- # noqa: E501 --> |
+# | pre-tokenizer | digits one by one, then GPT-2's regex | NFC, its own regex, digits one by one |
 # | vocabulary | 49,152 rows = 49,152 tokens | 151,936 rows for 151,665 tokens: 271 padding rows |
 # | chat format | ChatML | ChatML, with a default system turn |
 #

@@ -4,9 +4,10 @@ Same results as the naive reference (`evaluate_naive`: one independent evaluatio
 condition) -- same answers, same correctness, the same reference log-probability to float
 rounding -- at a fraction of the cost, through `cel_numpy.models.fast`:
 
-  generate  items are sorted by prompt length, then by prompt ids (a batch pads little and shares
-            its longest prefix: a chat template, fixed shots) and batched; per batch one forward over a prefix tree (common prefix ->
-            each prompt -> [last prompt token] + each draft answer) under every condition, each
+  generate  items are sorted by prompt length, then by prompt ids (a batch pads little and
+            shares its longest prefix: a chat template, fixed shots) and batched; per batch one
+            forward over a prefix tree (common prefix -> each prompt -> [last prompt token] +
+            each draft answer) under every condition, each
             condition restarting from the intact residual stream at its lowest ablated layer.
             The intact pass of a batch is kept across calls (`IntactCache`, 1 GiB by default).
             The drafts are the reference answer and the intact model's greedy answer (computed
