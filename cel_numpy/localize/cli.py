@@ -9,6 +9,10 @@ import sys
 from pathlib import Path
 
 from cel_numpy.errors import OptionError, PromptError
+from cel_numpy.localize.ranking import TIE_BREAKS
+from cel_numpy.localize.routine import SCREENS
+from cel_numpy.models.loaders import KNOWN_NAMES
+from cel_numpy.tasks import TASKS
 
 MAX_SAMPLED_PANEL = (
     100_000  # items per panel of a sampled (theory) task: beyond this, memory, not insight
@@ -48,13 +52,13 @@ def register(subparsers) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="smollm2 | theory | theory:PATH/params.npz | a HF folder, .gguf or .npz file",
+        help=" | ".join(KNOWN_NAMES)
+        + " | theory | theory:PATH/params.npz | a HF folder, .gguf or .npz file",
     )
     p.add_argument(
         "--task",
         required=True,
-        help="a task name (arithmetic, ioi, greater_than, capitals, antonyms, agreement); "
-        "A or B for theory",
+        help=f"a task name ({', '.join(TASKS)}); A or B for theory",
     )
     p.add_argument(
         "--discovery", type=int, default=100, metavar="N", help="discovery panel size (default 100)"
@@ -119,7 +123,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--screen",
-        choices=("exact", "gradient"),
+        choices=SCREENS,
         default="exact",
         help="exact: every head ablated alone (default); gradient: rank heads by the first-order "
         "estimate of removing each (one forward + backward) and screen only the top --candidates "
@@ -134,7 +138,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--tie-break",
-        choices=("logprob", "coordinates"),
+        choices=TIE_BREAKS,
         default="logprob",
         help="ties in (gain, damaged, correct, set size): logprob (default) ranks first the "
         "condition that raises the reference answer's mean log-probability most, then head "
