@@ -14,7 +14,7 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
   ours -<saving>       (at --variant-size only) the same with one saving switched off:
                        intact_cache (the intact pass redone per call), share_prefix,
                        intact_drafts (reference draft only), forced (prompt pass + KV-cache
-                       decoding, the engine before forced answers)
+                       decoding, the engine before forced answers); a+b: both off
   torch generate       transformers + torch as a user would screen: a forward pre-hook on
                        o_proj zeroing the head's slice of its input, batched greedy
                        `model.generate` (KV cache, left padding, same batch size) with the same
@@ -261,7 +261,10 @@ def bench_task(model, ref, task_name, D, args, rows):
     print(f"\n== {tag}: {len(sample)} heads sampled of {len(heads)} (load {load()})", flush=True)
     variants = {"ours": {}}
     if D == args.variant_size:
-        variants |= {f"ours -{k}": VARIANTS[k] for k in args.variants.split(",") if k}
+        for k in filter(None, args.variants.split(",")):  # "a+b": both switched off
+            variants[f"ours -{k}"] = {
+                n: v for part in k.split("+") for n, v in VARIANTS[part].items()
+            }
     times: dict[str, list] = {name: [] for name in variants}
     results: dict[str, dict] = {}
     t_torch, theirs = [], None
