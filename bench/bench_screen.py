@@ -9,11 +9,12 @@ Not a test: one invocation prints one table of times and ratios. Per task and di
 spread over the layers by default, as the routine does: chunks of 8 conditions per
 `evaluate_many`, a fresh evaluator each, so one-off work such as the intact drafts is counted):
 
-  ours                 `LMEvaluator` fast path with every saving (prefix tree, forced answers
-                       verified along the reference and the intact model's answer)
+  ours                 `LMEvaluator` fast path with its default savings (prefix tree, kept
+                       intact passes, forced answers verified along the reference answer)
   ours -<saving>       (at --variant-size only) the same with one saving switched off:
                        intact_cache (the intact pass redone per call), share_prefix,
-                       intact_drafts (reference draft only), forced (prompt pass + KV-cache
+                       +intact_drafts (the intact model's answer as a second draft: switched
+                       ON, it is off by default), forced (prompt pass + KV-cache
                        decoding, the engine before forced answers); a+b: both off
   torch generate       transformers + torch as a user would screen: a forward pre-hook on
                        o_proj zeroing the head's slice of its input, batched greedy
@@ -245,7 +246,7 @@ def floor_flops(model, task, items, heads, answers: dict) -> float:
 VARIANTS = {
     "intact_cache": dict(intact_cache=False),
     "share_prefix": dict(share_prefix=False),
-    "intact_drafts": dict(intact_drafts=False),
+    "intact_drafts": dict(intact_drafts=True),  # off by default: this row switches it on
     "forced": dict(forced=False),
 }
 
@@ -261,8 +262,9 @@ def bench_task(model, ref, task_name, D, args, rows):
     print(f"\n== {tag}: {len(sample)} heads sampled of {len(heads)} (load {load()})", flush=True)
     variants = {"ours": {}}
     if D == args.variant_size:
-        for k in filter(None, args.variants.split(",")):  # "a+b": both switched off
-            variants[f"ours -{k}"] = {
+        for k in filter(None, args.variants.split(",")):  # "a+b": both switched
+            label = " ".join(("+" if p == "intact_drafts" else "-") + p for p in k.split("+"))
+            variants[f"ours {label}"] = {
                 n: v for part in k.split("+") for n, v in VARIANTS[part].items()
             }
     times: dict[str, list] = {name: [] for name in variants}
