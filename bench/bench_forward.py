@@ -153,9 +153,12 @@ def build_gpt2(tmp: str):
 
 
 def torch_llama_from(model):
-    """A transformers LlamaForCausalLM holding our weights (HF layout: q_proj (H E, D) ...)."""
+    """A transformers LlamaForCausalLM (Qwen2ForCausalLM for a qwen2 model, with its Q/K/V biases)
+    holding our weights (HF layout: q_proj (H E, D) ...)."""
     c, p = model.config, model.params
-    cfg = transformers.LlamaConfig(
+    qwen = c.family == "qwen2"
+    Config = transformers.Qwen2Config if qwen else transformers.LlamaConfig
+    cfg = Config(
         vocab_size=c.vocab_size,
         hidden_size=c.d_model,
         intermediate_size=c.d_mlp,
@@ -169,7 +172,7 @@ def torch_llama_from(model):
         rope_theta=c.rope_base,
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
     )
-    ref = transformers.LlamaForCausalLM(cfg).eval()
+    ref = (transformers.Qwen2ForCausalLM if qwen else transformers.LlamaForCausalLM)(cfg).eval()
     t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
     heads = lambda W: W.transpose(0, 2, 1).reshape(-1, W.shape[1])  # (n, D, E) -> (n E, D)
     sd = {
@@ -184,6 +187,8 @@ def torch_llama_from(model):
         sd[h + "self_attn.k_proj.weight"] = t(heads(b["attn"]["W_K"]))
         sd[h + "self_attn.v_proj.weight"] = t(heads(b["attn"]["W_V"]))
         sd[h + "self_attn.o_proj.weight"] = t(b["attn"]["W_O"].reshape(-1, c.d_model).T)
+        for x in "QKV" if qwen else "":
+            sd[h + f"self_attn.{x.lower()}_proj.bias"] = t(b["attn"][f"b_{x}"].reshape(-1))
         sd[h + "mlp.gate_proj.weight"] = t(b["mlp"]["W_gate"].T)
         sd[h + "mlp.up_proj.weight"] = t(b["mlp"]["W_in"].T)
         sd[h + "mlp.down_proj.weight"] = t(b["mlp"]["W_out"].T)

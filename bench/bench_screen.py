@@ -21,9 +21,9 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
                        `model.generate` (KV cache, left padding, same batch size) with the same
                        stop rule (eos, a StoppingCriteria for the stop text, max_new_tokens)
                        on the same token ids (a chat task's prompt rendered in the model's chat
-                       template); for SmolLM2 a LlamaForCausalLM holding our dequantized
-                       weights, for a Qwen2 GGUF transformers' own reader of the same file
-                       (`from_pretrained(..., gguf_file=...)`, dequantized by `gguf`)
+                       template); a LlamaForCausalLM (Qwen2ForCausalLM) holding our dequantized
+                       weights. (transformers 5.24's own GGUF reader of the Qwen file generated
+                       nonsense in `generate`, so it is not used.)
   verdicts             per head and item, ours == torch (answers and correctness), and
                        ours == every switched-off variant (answers, correctness, ref_logprob)
   all heads            estimated as the one-off work (intact drafts, first intact passes: timed
@@ -196,16 +196,6 @@ def prompt_ids(model, task, item) -> list[int]:
     return list(model.tokenizer.encode(item.prompt))
 
 
-def torch_reference(model, spec: str):
-    """transformers + torch doing the same model: see the module docstring."""
-    if model.config.family == "llama":
-        return torch_llama_from(model)
-    path = Path(model.source)
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
-
-
 # --------------------------------------------------------------------------- FLOP floor
 
 
@@ -364,7 +354,7 @@ def main(argv=None) -> int:
     ref = None
     if torch is not None and not args.no_torch:
         torch.set_grad_enabled(False)
-        ref = torch_reference(model, args.model)
+        ref = torch_llama_from(model)
     rows: list = []
     for task_name in args.tasks.split(","):
         for D in [int(x) for x in args.sizes.split(",") if x]:

@@ -536,6 +536,11 @@ def run(args) -> int:
             print(f"null sets: {fmt_nulls(p['nulls'], p['heldout']['gain'])}")
         print(f"report: {Path(args.out) / 'report.md'}")
     else:
+        if "heldout" in results:  # the primary test is settled once the held-out stage is done
+            from cel_numpy.localize.report import fmt_heldout
+
+            rank1 = results["heldout"]["heldout"]["finalists"][0]
+            print(f"rank 1: {rank1['name']}  held-out: {fmt_heldout(rank1)}")
         print(f"stages up to {args.stage} done in {args.out}")
     return 0
 
@@ -631,6 +636,8 @@ def run_test_heads(args) -> int:
     )
     results = _run_with(loc, executor, stage, args.out)
     if "report" not in results:
+        if "heldout" in results:  # the primary test is settled once the held-out stage is done
+            print(f"held-out: {fmt_heldout(results['heldout']['heldout']['finalists'][0])}")
         print(f"stages up to {stage} done in {args.out}")
         return 0
     rep = results["report"]
