@@ -104,6 +104,12 @@ def argv(params: Path, out: Path) -> list[str]:
     ]
 
 
+# Seconds per condition of a run the test interrupts mid-joint-stage: the joint stage then lasts
+# 175 x 0.5 s, so the run cannot finish between its first joint records and the signal even when
+# the machine is busy (0.1 s failed twice in one CI run sharing the 2 cores with a result run).
+SLOW = 0.5
+
+
 def start(
     driver: Path, params: Path, out: Path, log: Path, delay: float, *extra: str
 ) -> subprocess.Popen:
@@ -225,7 +231,7 @@ def resume_and_check(driver, params, out, reference, log, on_disk: list[str]) ->
 def test_ctrl_c_mid_stage_then_resume(setup, tmp_path):
     params, driver, reference = setup
     out = tmp_path / "run"
-    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet")
+    proc = start(driver, params, out, tmp_path / "first.log", SLOW, "--quiet")
     wait_for_joint_records(proc, out)
 
     second = start(driver, params, out, tmp_path / "second.log", 0.0, "--quiet")  # a second writer
@@ -253,7 +259,7 @@ def test_ctrl_c_mid_stage_then_resume(setup, tmp_path):
 def test_sigkill_mid_stage_torn_line_then_resume(setup, tmp_path):
     params, driver, reference = setup
     out = tmp_path / "run"
-    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet")
+    proc = start(driver, params, out, tmp_path / "first.log", SLOW, "--quiet")
     wait_for_joint_records(proc, out)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
@@ -292,7 +298,7 @@ def test_half_line_appended_to_a_finished_stage_is_refused(setup, tmp_path, caps
 def test_ctrl_c_with_worker_processes_is_one_line(setup, tmp_path):
     params, driver, reference = setup
     out = tmp_path / "run"
-    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet", "--workers", "2")
+    proc = start(driver, params, out, tmp_path / "first.log", SLOW, "--quiet", "--workers", "2")
     wait_for_joint_records(proc, out)
     os.killpg(proc.pid, signal.SIGINT)  # the whole process group, workers included
     _, stderr = proc.communicate(timeout=60)
@@ -352,7 +358,7 @@ def test_killed_parent_takes_its_workers_along_and_the_rerun_resumes(setup, tmp_
     to the uninterrupted result."""
     params, driver, reference = setup
     out = tmp_path / "run"
-    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet", "--workers", "2")
+    proc = start(driver, params, out, tmp_path / "first.log", SLOW, "--quiet", "--workers", "2")
     wait_for_joint_records(proc, out)
     workers = children(proc.pid)
     assert len(workers) == 2, workers
@@ -381,7 +387,7 @@ def test_killed_parent_takes_its_workers_along_and_the_rerun_resumes(setup, tmp_
 def test_sigterm_without_workers_is_like_ctrl_c(setup, tmp_path):
     params, driver, reference = setup
     out = tmp_path / "run"
-    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet")
+    proc = start(driver, params, out, tmp_path / "first.log", SLOW, "--quiet")
     wait_for_joint_records(proc, out)
     proc.terminate()
     _, stderr = proc.communicate(timeout=60)
@@ -399,7 +405,7 @@ def test_a_worker_killed_from_outside_is_one_line_and_the_rerun_resumes(setup, t
     says what happened in one line (exit status 2), and the same command resumes."""
     params, driver, reference = setup
     out = tmp_path / "run"
-    proc = start(driver, params, out, tmp_path / "first.log", 0.1, "--quiet", "--workers", "2")
+    proc = start(driver, params, out, tmp_path / "first.log", SLOW, "--quiet", "--workers", "2")
     wait_for_joint_records(proc, out)
     workers = children(proc.pid)
     os.kill(workers[0], signal.SIGKILL)
