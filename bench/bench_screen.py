@@ -191,9 +191,7 @@ def screen_torch(model, ref, task, items, heads, batch_size=16):
 
 def prompt_ids(model, task, item) -> list[int]:
     """The token ids our evaluator feeds for `item` (a chat task: one user message, templated)."""
-    if getattr(task, "chat", False):
-        return list(model.encode_chat_text(model.chat([{"role": "user", "content": item.prompt}])))
-    return list(model.tokenizer.encode(item.prompt))
+    return list(LMEvaluator(model, task).prompt_ids(item.prompt))
 
 
 # --------------------------------------------------------------------------- FLOP floor
