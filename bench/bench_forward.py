@@ -26,7 +26,10 @@ Rows:
                in this run (NumPy matmul on transformer-shaped and square matrices).
   memory       peak resident set of the process (ru_maxrss; includes torch when loaded) and the
                peak NumPy working memory of our screen above the weights (tracemalloc).
-Install the reference side with: pip install torch==2.13.0 transformers
+Threads: --threads N (default 2) pins both sides inside the process (NumPy's BLAS through
+threadpoolctl, torch.set_num_threads), whatever the environment says; the table prints what was in
+force.
+Install the reference side with: pip install torch==2.13.0 transformers threadpoolctl
 """
 
 from __future__ import annotations
@@ -52,6 +55,20 @@ try:
     import transformers
 except ImportError:  # ours only
     torch = transformers = None
+
+
+def pin_threads(n: int) -> str:
+    """Pin this process to `n` threads: NumPy's BLAS (through threadpoolctl, at run time, so the
+    environment cannot disagree) and torch. Returns what is in force, for the table."""
+    if torch is not None:
+        torch.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+    except ImportError:
+        return f"BLAS threads NOT pinned (pip install threadpoolctl); torch {n}"
+    threadpool_limits(limits=n)  # stays in force for the process
+    blas = ", ".join(f"{d['internal_api']} {d['num_threads']}" for d in threadpool_info())
+    return f"{blas} threads; torch {torch.get_num_threads() if torch is not None else '-'}"
 
 
 def median_time(fn, repeats: int) -> float:
@@ -156,7 +173,7 @@ def torch_llama_from(model):
     """A transformers LlamaForCausalLM (Qwen2ForCausalLM for a qwen2 model, with its Q/K/V biases)
     holding our weights (HF layout: q_proj (H E, D) ...)."""
     c, p = model.config, model.params
-    qwen = c.family == "qwen2"
+    qwen = c.arch == "qwen2"  # family "llama" (the forward), with Q/K/V biases
     Config = transformers.Qwen2Config if qwen else transformers.LlamaConfig
     cfg = Config(
         vocab_size=c.vocab_size,
@@ -401,7 +418,10 @@ def main(argv=None) -> int:
         default=12,
         help="heads timed in the naive/torch sweeps (0 = all)",
     )
+    ap.add_argument("--threads", type=int, default=2, help="threads of each side (default 2)")
     args = ap.parse_args(argv)
+    threads = pin_threads(args.threads)
+    print(f"threads: {threads}", flush=True)
     if torch is None:
         print(
             "torch/transformers not importable: timing ours only. For the comparison run this "
@@ -421,12 +441,11 @@ def main(argv=None) -> int:
         f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"numpy {np.__version__}"
         + (
-            f", torch {torch.__version__} ({torch.get_num_threads()} threads), "
-            f"transformers {transformers.__version__}"
+            f", torch {torch.__version__}, transformers {transformers.__version__}"
             if torch is not None
             else ""
         )
-        + f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+        + f"; threads: {threads}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     w = max(len(r[1]) for r in rows)
     print(f"\n| model | {'measure':<{w}} | value | note |\n|---|---|---|---|")

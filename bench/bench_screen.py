@@ -22,18 +22,19 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
                        stop rule (eos, a StoppingCriteria for the stop text, max_new_tokens)
                        on the same token ids (a chat task's prompt rendered in the model's chat
                        template); a LlamaForCausalLM (Qwen2ForCausalLM) holding our dequantized
-                       weights. (transformers 5.24's own GGUF reader of the Qwen file generated
-                       nonsense in `generate`, so it is not used.)
+                       weights, so both sides run the same float32 numbers (checked before
+                       timing: the next-token logits of the first prompt agree to 1e-3).
   verdicts             per head and item, ours == torch (answers and correctness), and
                        ours == every switched-off variant (answers, correctness, ref_logprob)
   all heads            estimated as the one-off work (intact drafts, first intact passes: timed
                        apart) plus the sampled heads' time scaled to every head
-  FLOP floor           multiply-adds an exact screen cannot avoid, per head (l, h) and item:
-                       W_O and the MLP of layer l and every layer above for the prompt and the
-                       generated answer's tokens (K/V only at the last layer except the read-out
-                       positions, attention scores causal), the unembedding at the answer's
-                       positions, plus one intact forward of the panel; at the float32 GEMM
-                       peak measured in this run. "x floor" = time / floor time.
+  FLOP floor           multiply-adds an exact screen cannot avoid, per head (l, h): W_O and the
+                       MLP of layer l and every layer above at every distinct position of the
+                       panel's prefix tree (prompts + the answers under that head; a prefix
+                       that items share counted once), K/V only at the last layer except the
+                       read-out positions, attention scores causal, the unembedding at the
+                       read-out positions, plus one intact forward of the panel; at the float32
+                       GEMM peak measured in this run. "x floor" = time / floor time.
   workers              the sampled screen through a ProcessPoolExecutor (spawned processes, one
                        BLAS thread each, models loaded before timing): 2 workers vs 1.
   peak RSS             ru_maxrss of this process (torch included once loaded).
@@ -57,7 +58,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_forward import gemm_peak, torch_llama_from
+from bench_forward import gemm_peak, pin_threads, torch_llama_from
 
 import cel_numpy as cn
 from cel_numpy.localize.evaluate import LMEvaluator
@@ -189,6 +190,17 @@ def screen_torch(model, ref, task, items, heads, batch_size=16):
     return time.perf_counter() - t0, results
 
 
+def check_reference(model, ref, ids: list[int]) -> float:
+    """Max |logits ours - torch| over one prompt; fails loudly when the two models differ."""
+    x = np.array([ids])
+    with torch.inference_mode():
+        theirs = ref(input_ids=torch.from_numpy(x)).logits.numpy()
+    diff = float(np.abs(model.logits(x) - theirs).max())
+    if not diff < 1e-3:
+        raise SystemExit(f"the torch reference is not our model: max |dlogits| = {diff:.3g}")
+    return diff
+
+
 def prompt_ids(model, task, item) -> list[int]:
     """The token ids our evaluator feeds for `item` (a chat task: one user message, templated)."""
     return list(LMEvaluator(model, task).prompt_ids(item.prompt))
@@ -197,34 +209,43 @@ def prompt_ids(model, task, item) -> list[int]:
 # --------------------------------------------------------------------------- FLOP floor
 
 
+def trie_positions(seqs: list[list[int]]) -> tuple[int, int]:
+    """(distinct positions, sum of their causal spans) of token sequences, a shared prefix counted
+    once: what a forward over the sequences' prefix tree computes."""
+    nodes = {tuple(s[: t + 1]) for s in seqs for t in range(len(s))}
+    return len(nodes), sum(len(n) for n in nodes)
+
+
 def floor_flops(model, task, items, heads, answers: dict) -> float:
-    """Multiply-adds x 2 that an exact singleton screen of `heads` cannot avoid (docstring)."""
+    """Multiply-adds x 2 that an exact singleton screen of `heads` cannot avoid (docstring): per
+    condition, every distinct position of the panel's prefix tree (prompt + that condition's
+    answer) once, from the ablated layer up."""
     c = model.config
     H, G, E, D, F, V, L = (c.n_heads, c.n_kv_heads, c.d_head, c.d_model, c.d_mlp,
                            c.vocab_size, c.n_layers)  # fmt: skip
     n_mlp = 3 if c.family != "gpt2" else 2
     qkv, kv, wo, mlp = D * (H + 2 * G) * E, D * 2 * G * E, H * E * D, n_mlp * D * F
-    total = 0.0
-    prompt_len = [len(prompt_ids(model, task, it)) for it in items]
-    for b, T0 in enumerate(prompt_len):  # one intact forward of the panel
-        T = T0 + len(answers[None][b])
-        total += (
-            T * L * (qkv + wo + mlp) + L * H * E * T * (T + 1) + (1 + len(answers[None][b])) * D * V
-        )
+    prompts = [prompt_ids(model, task, it) for it in items]
+
+    def tree(key):  # (positions, their spans, read-out positions, their spans) under `key`
+        n, span = trie_positions([p + a for p, a in zip(prompts, answers[key])])
+        # read-outs: the last prompt token and every answer token (their logits give the answer
+        # and its stop); their spans run from len(prompt) to len(prompt) + len(answer)
+        reads = [range(len(p), len(p) + len(a) + 1) for p, a in zip(prompts, answers[key])]
+        return n, span, sum(len(r) for r in reads), sum(sum(r) for r in reads)
+
+    n, span, n_read, _ = tree(None)  # one intact forward of the panel
+    total = n * L * (qkv + wo + mlp) + L * 2 * H * E * span + n_read * D * V
     for l, h in heads:
-        for b, T0 in enumerate(prompt_len):
-            n_out = len(answers[(l, h)][b])
-            T = T0 + n_out  # tokens whose states the answer depends on
-            n_read = 1 + n_out  # positions whose logits give the answer and its stop
-            attn = H * E * T * (T + 1)  # scores and pattern @ v, causal, per layer
-            for layer in range(l, L):
-                if layer == l:  # its attention input is intact: W_O and the MLP
-                    total += (n_read if layer == L - 1 else T) * (wo + mlp)
-                elif layer < L - 1:
-                    total += T * (qkv + wo + mlp) + attn
-                else:  # last layer: K/V everywhere, the rest at the read-out positions
-                    total += T * kv + n_read * (qkv - kv + wo + mlp) + attn * n_read / T
-            total += n_read * D * V
+        n, span, n_read, read_span = tree((l, h))
+        for layer in range(l, L):
+            if layer == l:  # its attention input is intact: W_O and the MLP
+                total += (n_read if layer == L - 1 else n) * (wo + mlp)
+            elif layer < L - 1:
+                total += n * (qkv + wo + mlp) + 2 * H * E * span
+            else:  # last layer: K/V everywhere, the rest at the read-out positions
+                total += n * kv + n_read * (qkv - kv + wo + mlp) + 2 * H * E * read_span
+        total += n_read * D * V
     return 2.0 * total
 
 
@@ -346,13 +367,18 @@ def main(argv=None) -> int:
         "--workers-heads", type=int, default=32, help="heads for the workers row (0: skip)"
     )
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--threads", type=int, default=2, help="threads of each side (default 2)")
     args = ap.parse_args(argv)
+    threads = pin_threads(args.threads)
     load_before = load()
     model = cn.load_model(args.model)
     ref = None
     if torch is not None and not args.no_torch:
         torch.set_grad_enabled(False)
         ref = torch_llama_from(model)
+        task = get_task(args.tasks.split(",")[0])
+        first = prompt_ids(model, task, make_panels(task, 1, 1, 0)[0][0])
+        print(f"torch reference: max |dlogits| = {check_reference(model, ref, first):.1e}")
     rows: list = []
     for task_name in args.tasks.split(","):
         for D in [int(x) for x in args.sizes.split(",") if x]:
@@ -380,9 +406,9 @@ def main(argv=None) -> int:
     print(
         f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"numpy {np.__version__}"
-        + (f", torch {torch.__version__} ({torch.get_num_threads()} threads), "
-           f"transformers {transformers.__version__}" if ref is not None else "")
-        + f"; load average (1, 5, 15 min) before {load_before}, after {load()}"
+        + (f", torch {torch.__version__}, transformers {transformers.__version__}"
+           if ref is not None else "")
+        + f"; threads: {threads}; load average (1, 5, 15 min) before {load_before}, after {load()}"
     )  # fmt: skip
     w = max(len(r[1]) for r in rows)
     print(f"\n| workload | {'measure':<{w}} | value | note |\n|---|---|---|---|")
