@@ -173,7 +173,7 @@ def torch_llama_from(model):
     """A transformers LlamaForCausalLM (Qwen2ForCausalLM for a qwen2 model, with its Q/K/V biases)
     holding our weights (HF layout: q_proj (H E, D) ...)."""
     c, p = model.config, model.params
-    qwen = c.arch == "qwen2"  # family "llama" (the forward), with Q/K/V biases
+    qwen = getattr(c, "arch", "") == "qwen2"  # family "llama" (the forward), Q/K/V biases
     Config = transformers.Qwen2Config if qwen else transformers.LlamaConfig
     cfg = Config(
         vocab_size=c.vocab_size,
@@ -299,6 +299,8 @@ def bench_model(name: str, args, rows: list) -> None:
     )
 
     print(f"forward timed ({time.perf_counter() - t_start:.0f} s so far)", flush=True)
+    if args.forward_only:
+        return
 
     # ---- screen
     target = ours[:, -1].argmax(-1)  # (B,)
@@ -419,6 +421,7 @@ def main(argv=None) -> int:
         help="heads timed in the naive/torch sweeps (0 = all)",
     )
     ap.add_argument("--threads", type=int, default=2, help="threads of each side (default 2)")
+    ap.add_argument("--forward-only", action="store_true", help="the forward rows, no screen")
     args = ap.parse_args(argv)
     threads = pin_threads(args.threads)
     print(f"threads: {threads}", flush=True)

@@ -150,7 +150,7 @@ def register(subparsers) -> None:
         default=0,
         metavar="N",
         help="evaluate N random head sets of the rank-1 set's size on the held-out panel and "
-        "report the rank-1 set's percentile among them (default 0: none; README runs use 50)",
+        "report the rank-1 set's percentile among them (default 0: none; the README's runs use 20)",
     )
     p.add_argument(
         "--null-seed",
