@@ -6,7 +6,8 @@ refused, so old and new panels never mix): task, panel seed, panel sizes in item
 intact accuracy, the primary (rank-1 or tested) head set, its held-out gain with the cluster
 bootstrap interval, the cluster sign-flip p, that p Holm-adjusted across every primary test of
 the table, the item-level McNemar p (secondary), the null-set percentile, the cross-task gains
-(exploratory) and the wall time. Then, per task, how often each head recurs in the primary sets
+(exploratory) and the wall time. Then, per task (per model and task when the runs hold several
+models: a head belongs to one model), how often each head recurs in the primary sets
 and among the finalists across the runs (seeds).
 """
 
@@ -81,9 +82,10 @@ def summarize(run_dirs) -> dict:
     for row, q in zip(rows, adjusted):
         row["p_holm"] = q
     recurrence: dict[str, dict] = {}
-    by_task = defaultdict(list)
+    models = {(row["model"], row["model_sha256"]) for row in rows}
+    by_task = defaultdict(list)  # a head is a head of one model: with several, key "model task"
     for row in rows:
-        by_task[row["task"]].append(row)
+        by_task[row["task"] if len(models) == 1 else f"{row['model']} {row['task']}"].append(row)
     for task, task_rows in by_task.items():
         primary, finalist = Counter(), Counter()
         for row in task_rows:
@@ -94,7 +96,6 @@ def summarize(run_dirs) -> dict:
             "primary": dict(primary.most_common()),
             "finalists": dict(finalist.most_common()),
         }
-    models = {(row["model"], row["model_sha256"]) for row in rows}
     return {"rows": rows, "recurrence": recurrence, "n_models": len(models)}
 
 
