@@ -122,6 +122,29 @@ def test_summarize_table_holm_and_recurrence(tmp_path, trained_theory, capsys): 
     assert json.loads((tmp_path / "s.json").read_text())["rows"][0]["nulls"]["n"] == 3
 
 
+def test_head_recurrence_keeps_models_apart():
+    """A head of one model is not the head of another with the same coordinates."""
+    from cel_numpy.localize.summary import head_recurrence
+
+    row = lambda model, primary, finalists: {
+        "model": model, "task": "antonyms", "primary": primary, "finalists": finalists
+    }  # fmt: skip
+    rows = [
+        row("smollm2", "L8H1+L13H2", ["L8H1+L13H2", "L13H2+L14H3"]),
+        row("smollm2", "L13H2+L14H3", ["L13H2+L14H3"]),
+        row("qwen", "L8H1+L10H3", ["L8H1+L10H3"]),
+    ]
+    rec = head_recurrence(rows)
+    assert set(rec) == {"smollm2 antonyms", "qwen antonyms"}
+    assert rec["smollm2 antonyms"] == {
+        "runs": 2,
+        "primary": {"L13H2": 2, "L8H1": 1, "L14H3": 1},
+        "finalists": {"L13H2": 2, "L14H3": 2, "L8H1": 1},
+    }
+    assert rec["qwen antonyms"]["primary"] == {"L8H1": 1, "L10H3": 1}
+    assert set(head_recurrence(rows[:2])) == {"antonyms"}  # one model: keyed by task alone
+
+
 def test_summarize_refuses_old_and_unfinished_runs(tmp_path, capsys):
     from pathlib import Path
 

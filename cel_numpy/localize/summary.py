@@ -81,11 +81,18 @@ def summarize(run_dirs) -> dict:
     adjusted = holm([row["heldout"]["p_value"] for row in rows])
     for row, q in zip(rows, adjusted):
         row["p_holm"] = q
-    recurrence: dict[str, dict] = {}
     models = {(row["model"], row["model_sha256"]) for row in rows}
-    by_task = defaultdict(list)  # a head is a head of one model: with several, key "model task"
+    return {"rows": rows, "recurrence": head_recurrence(rows), "n_models": len(models)}
+
+
+def head_recurrence(rows: list[dict]) -> dict[str, dict]:
+    """Per task, how many runs hold each head in their primary set and among their finalists.
+    A head belongs to one model: when the rows hold several models, the key is "model task"."""
+    several = len({row["model"] for row in rows}) > 1
+    by_task = defaultdict(list)
     for row in rows:
-        by_task[row["task"] if len(models) == 1 else f"{row['model']} {row['task']}"].append(row)
+        by_task[f"{row['model']} {row['task']}" if several else row["task"]].append(row)
+    recurrence = {}
     for task, task_rows in by_task.items():
         primary, finalist = Counter(), Counter()
         for row in task_rows:
@@ -96,7 +103,7 @@ def summarize(run_dirs) -> dict:
             "primary": dict(primary.most_common()),
             "finalists": dict(finalist.most_common()),
         }
-    return {"rows": rows, "recurrence": recurrence, "n_models": len(models)}
+    return recurrence
 
 
 def render(summary: dict) -> str:
