@@ -173,7 +173,9 @@ def torch_llama_from(model):
     """A transformers LlamaForCausalLM (Qwen2ForCausalLM for a qwen2 model, with its Q/K/V biases)
     holding our weights (HF layout: q_proj (H E, D) ...)."""
     c, p = model.config, model.params
-    qwen = getattr(c, "arch", "") == "qwen2"  # family "llama" (the forward), Q/K/V biases
+    # family is "llama" for qwen2 (one forward); getattr: ba605e3 (the README before/after run)
+    # has no arch
+    qwen = getattr(c, "arch", "") == "qwen2"
     Config = transformers.Qwen2Config if qwen else transformers.LlamaConfig
     cfg = Config(
         vocab_size=c.vocab_size,
