@@ -3,6 +3,7 @@
     PYTHONPATH=. .venv-ref/bin/python bench/bench_screen.py                # with torch
     ... --tasks capitals --sizes 20,50 --sample-heads 10 --workers-heads 32
     ... --model qwen2.5-coder-0.5b --tasks arithmetic_chat --sizes 20 --workers-heads 0
+    ... --sizes 20,50,100 --torch-max-size 50   # cost growth: ours alone at D = 100
 
 Not a test: one invocation prints one table of times and ratios. Per task and discovery size D
 (items from the task's discovery panel, seed 0), every timed path screens the same heads (10
