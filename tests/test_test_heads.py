@@ -110,9 +110,9 @@ def test_summarize_table_holm_and_recurrence(tmp_path, trained_theory, capsys): 
     assert [r["kind"] for r in rows] == ["localize", "localize", "test-heads"]
     assert [r["p_holm"] for r in rows] == holm([r["heldout"]["p_value"] for r in rows])
     rec = summary["recurrence"]["theory-A"]
-    assert rec["runs"] == 3
+    assert rec["runs"] == 2  # the two searches; the test-heads run's set was given to it
     expected = {}
-    for r in rows:
+    for r in rows[:2]:
         for h in r["primary"].split("+"):
             expected[h] = expected.get(h, 0) + 1
     assert rec["primary"] == expected
@@ -143,6 +143,9 @@ def test_head_recurrence_keeps_models_apart():
     }
     assert rec["qwen antonyms"]["primary"] == {"L8H1": 1, "L10H3": 1}
     assert set(head_recurrence(rows[:2])) == {"antonyms"}  # one model: keyed by task alone
+    # a test-heads run tests a given set: it is not a search's finding and is not counted
+    given = {**row("smollm2", "L8H1+L13H2", []), "kind": "test-heads"}
+    assert head_recurrence(rows[:2] + [given]) == head_recurrence(rows[:2])
 
 
 def test_summarize_refuses_old_and_unfinished_runs(tmp_path, capsys):

@@ -86,11 +86,15 @@ def summarize(run_dirs) -> dict:
 
 
 def head_recurrence(rows: list[dict]) -> dict[str, dict]:
-    """Per task, how many runs hold each head in their primary set and among their finalists.
-    A head belongs to one model: when the rows hold several models, the key is "model task"."""
+    """Per task, how many searches hold each head in their primary set and among their
+    finalists. A head belongs to one model: when the rows hold several models, the key is
+    "model task". Only searches count (`localize` runs): a test-heads run's set was given to it,
+    so counting it would count one finding twice."""
     several = len({row["model"] for row in rows}) > 1
     by_task = defaultdict(list)
     for row in rows:
+        if row.get("kind") == "test-heads":
+            continue
         by_task[f"{row['model']} {row['task']}" if several else row["task"]].append(row)
     recurrence = {}
     for task, task_rows in by_task.items():
@@ -154,8 +158,9 @@ def render(summary: dict) -> str:
         "primary set on its held-out panel, cluster sign-flip test). Cross-task gains are "
         "exploratory (no correction).",
         "",
-        "How often each head of a primary set recurs across the runs of its task (in the primary "
-        "set; among the ten finalists):",
+        "How often each head of a primary set recurs across the searches of its task (in the "
+        "primary set; among the ten finalists; test-heads runs, whose set was given, not "
+        "counted):",
         "",
     ]
     for task, rec in summary["recurrence"].items():
@@ -163,5 +168,6 @@ def render(summary: dict) -> str:
             f"{h} primary {n}/{rec['runs']}, finalist {rec['finalists'].get(h, 0)}/{rec['runs']}"
             for h, n in rec["primary"].items()
         ]
-        lines.append(f"- {task} ({rec['runs']} runs): " + ", ".join(recurring))
+        n = rec["runs"]
+        lines.append(f"- {task} ({n} search{'es' if n != 1 else ''}): " + ", ".join(recurring))
     return "\n".join(lines) + "\n"
