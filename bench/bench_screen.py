@@ -28,7 +28,11 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
   verdicts             per head and item, ours == torch (answers and correctness), and
                        ours == every switched-off variant (answers, correctness, ref_logprob)
   all heads            estimated as the one-off work (intact drafts, first intact passes: timed
-                       apart) plus the sampled heads' time scaled to every head
+                       apart) plus the sampled heads' time scaled to every head; with
+                       --all-heads also measured: ours screens every head once, in the
+                       routine's order (layer by layer, chunks of 8), so that conditions at one
+                       layer stack as they do in a real screen (the spread sample cannot show
+                       that); its answers are checked equal to the sample's on the heads both ran
   FLOP floor           multiply-adds an exact screen cannot avoid, per head (l, h): W_O and the
                        MLP of layer l and every layer above at every distinct position of the
                        panel's prefix tree (prompts + the answers under that head; a prefix
@@ -65,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_forward import gemm_peak, pin_threads, torch_llama_from
 
 import cel_numpy as cn
-from cel_numpy.localize.evaluate import LMEvaluator
+from cel_numpy.localize.evaluate import BATCH_SIZE, LMEvaluator
 from cel_numpy.localize.routine import evaluate_chunk
 from cel_numpy.localize.scoring import stop_rule
 from cel_numpy.tasks import get_task, make_panels
@@ -96,14 +100,14 @@ def load() -> str:
 # --------------------------------------------------------------------------- ours
 
 
-def screen_ours(model, task, items, heads, **switches):
+def screen_ours(model, task, items, heads, batch_size, **switches):
     """(one-off seconds, screen seconds, {head: [ExampleResult]}) through a fresh evaluator.
 
     One-off: what an evaluator does once per panel whatever the number of heads (the intact
     drafts; the first call's intact passes when they are kept), timed apart so that a sample of
     heads can be scaled to the whole screen.
     """
-    ev = LMEvaluator(model, task, batch_size=16, **switches)
+    ev = LMEvaluator(model, task, batch_size=batch_size, **switches)
     conds = [((l, h),) for l, h in heads]
     t0 = time.perf_counter()
     ev.evaluate_many(items, [()])  # the intact drafts
@@ -123,13 +127,13 @@ def _warm(ev, items):
     return os.getpid()
 
 
-def screen_workers(spec, task_name, items, heads, workers: int) -> float:
+def screen_workers(spec, task_name, items, heads, workers: int, batch_size: int) -> float:
     """Seconds of the screen through `workers` spawned processes, one BLAS thread each."""
     os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     ctx = multiprocessing.get_context("spawn")
     task = get_task(task_name)
     model = cn.load_model(spec)
-    ev = LMEvaluator(model, task, batch_size=16, spec=spec)
+    ev = LMEvaluator(model, task, batch_size=batch_size, spec=spec)
     conds = [((l, h),) for l, h in heads]
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         pids = {f.result() for f in [pool.submit(_warm, ev, items) for _ in range(workers)]}
@@ -147,7 +151,7 @@ def screen_workers(spec, task_name, items, heads, workers: int) -> float:
 # --------------------------------------------------------------------------- torch
 
 
-def screen_torch(model, ref, task, items, heads, batch_size=16):
+def screen_torch(model, ref, task, items, heads, batch_size):
     """(seconds, {head: [(answer, correct)]}) of the hook + generate sweep."""
     tok = model.tokenizer
     rule = stop_rule(task, tok)
@@ -290,14 +294,14 @@ def bench_task(model, ref, task_name, D, args, rows):
     t_torch, theirs = [], None
     for rep in range(args.repeats):  # interleaved, so that load changes hit every path alike
         for name, sw in variants.items():
-            once, t, res = screen_ours(model, task, items, sample, **sw)
+            once, t, res = screen_ours(model, task, items, sample, args.batch_size, **sw)
             times[name].append((once, t))
             results[name] = res
             print(
                 f"[{rep}] {name}: once {once:.1f} s, sample {t:.1f} s (load {load()})", flush=True
             )
         if ref is not None and D <= args.torch_max_size:
-            t, theirs = screen_torch(model, ref, task, items, sample)
+            t, theirs = screen_torch(model, ref, task, items, sample, args.batch_size)
             t_torch.append(t)
             print(f"[{rep}] torch: {t:.1f} s (load {load()})", flush=True)
 
@@ -311,6 +315,19 @@ def bench_task(model, ref, task_name, D, args, rows):
                  f"one-off per panel {once:.1f} s"))  # fmt: skip
     rows.append((tag, f"ours, all {len(heads)} heads (estimated)", f"{full:.0f} s",
                  f"{1e3 * full / (len(heads) * D):.1f} ms per (condition x item)"))  # fmt: skip
+    measured = None
+    if args.all_heads:
+        once_all, t_all, res_all = screen_ours(model, task, items, heads, args.batch_size)
+        measured = once_all + t_all
+        print(f"all heads: once {once_all:.1f} s, screen {t_all:.1f} s (load {load()})", flush=True)
+        same = all(
+            [(r.answer, r.correct) for r in res_all[hd]]
+            == [(r.answer, r.correct) for r in ours[hd]]
+            for hd in sample
+        )
+        note = f"{measured / full:.2f}x the estimate; same answers on the sample: {same}"
+        rows.append((tag, f"ours, all {len(heads)} heads (measured, one run)",
+                     f"{measured:.0f} s", note))  # fmt: skip
     for name in variants:
         if name == "ours":
             continue
@@ -328,7 +345,7 @@ def bench_task(model, ref, task_name, D, args, rows):
 
     # the answers' tokens for the floor: each sampled head's, and the intact ones
     tok = model.tokenizer
-    intact = LMEvaluator(model, task, batch_size=16).evaluate_many(items, [()])[0]
+    intact = LMEvaluator(model, task).evaluate_many(items, [()])[0]
     answers = {None: [tok.encode(r.answer) for r in intact]}
     for hd in sample:
         answers[hd] = [tok.encode(r.answer) for r in ours[hd]]
@@ -352,6 +369,9 @@ def bench_task(model, ref, task_name, D, args, rows):
                      f"ours {tt / t_ours:.2f}x faster on the sample"))  # fmt: skip
         rows.append((tag, "torch, all heads (scaled)", f"{scale * tt:.0f} s",
                      f"ours **{scale * tt / full:.2f}x** faster (target >= 3)"))  # fmt: skip
+        if measured is not None:
+            rows.append((tag, "torch (scaled) / ours all heads (measured)",
+                         f"{scale * tt / measured:.2f}x", "ours faster by this much"))  # fmt: skip
         rows.append(
             (tag, "answers and verdicts ours == torch", str(same), f"{n_diff} of {n} differ")
         )
@@ -381,8 +401,16 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument(
+        "--all-heads", action="store_true",
+        help="also time ours on every head once (the routine's order) beside the estimate",
+    )  # fmt: skip
+    ap.add_argument(
         "--torch-max-size", type=int, default=10**9, metavar="D",
         help="run the torch sweep only at sizes <= D (ours alone above: the cost-growth rows)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--batch-size", type=int, default=BATCH_SIZE,
+        help="prompts per forward on both sides (default: the evaluator's)",
     )  # fmt: skip
     ap.add_argument("--threads", type=int, default=2, help="threads of each side (default 2)")
     args = ap.parse_args(argv)
@@ -406,8 +434,8 @@ def main(argv=None) -> int:
         heads = [(l, h) for l in range(model.config.n_layers) for h in range(model.config.n_heads)]
         sample = spread(heads, args.workers_heads)
         sample = sample[0::2] + sample[1::2]  # chunks of 8 mixing low and high layers (balanced)
-        t1 = screen_workers(args.model, task_name, items, sample, 1)
-        t2 = screen_workers(args.model, task_name, items, sample, 2)
+        t1 = screen_workers(args.model, task_name, items, sample, 1, args.batch_size)
+        t2 = screen_workers(args.model, task_name, items, sample, 2, args.batch_size)
         tag = f"{task_name} D=20"
         rows.append(
             (tag, f"workers: 1 process, 1 BLAS thread, {len(sample)} heads", f"{t1:.1f} s", "")

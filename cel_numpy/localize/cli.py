@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from cel_numpy.errors import OptionError, PromptError
+from cel_numpy.localize.evaluate import BATCH_SIZE
 from cel_numpy.localize.ranking import TIE_BREAKS
 from cel_numpy.localize.routine import SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
@@ -101,8 +102,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--batch-size",
         type=int,
-        default=16,
-        help="prompts per forward (default 16; no effect on results)",
+        default=BATCH_SIZE,
+        help=f"prompts per forward (default {BATCH_SIZE}; no effect on results)",
     )
     p.add_argument(
         "--tau",
@@ -595,7 +596,9 @@ def register_test_heads(subparsers) -> None:
     p.add_argument("--null-sets", type=int, default=0, metavar="N", help="random sets (0)")
     p.add_argument("--null-seed", type=int, default=None, metavar="S", help="default: --seed")
     p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per forward (16)")
+    p.add_argument(
+        "--batch-size", type=int, default=BATCH_SIZE, help=f"prompts per forward ({BATCH_SIZE})"
+    )
     p.add_argument("--workers", type=int, default=1, metavar="N", help="processes (default 1)")
     p.add_argument("--tau", type=float, default=1.0, help="theory only (default 1.0)")
     p.add_argument("--theory-seed", type=int, default=0, help="theory only (default 0)")

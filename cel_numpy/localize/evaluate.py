@@ -83,6 +83,9 @@ def evaluate_naive(
 
 # =========================================================================== real language models
 
+# Prompts per forward: what LMEvaluator and the localize/test-heads commands use unless told.
+BATCH_SIZE = 16
+
 
 class LMEvaluator:
     """A `cel_numpy.models` model on a `cel_numpy.tasks` task (naive: one pass per condition).
@@ -112,7 +115,7 @@ class LMEvaluator:
         *,
         ablation: str = "zero",
         reference_items=None,
-        batch_size: int = 16,
+        batch_size: int = BATCH_SIZE,
         spec: str = "",
         file_identity: dict | None = None,
         fast: bool = True,
