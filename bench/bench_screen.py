@@ -16,7 +16,8 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
                        intact_cache (the intact pass redone per call), share_prefix,
                        +intact_drafts (the intact model's answer as a second draft: switched
                        ON, it is off by default), forced (prompt pass + KV-cache
-                       decoding, the engine before forced answers); a+b: both off
+                       decoding, the engine before forced answers); batch32, batch64: 32 or
+                       64 prompts per forward instead of --batch-size; a+b: both
   torch generate       transformers + torch as a user would screen: a forward pre-hook on
                        o_proj zeroing the head's slice of its input, batched greedy
                        `model.generate` (KV cache, left padding, same batch size) with the same
@@ -107,7 +108,7 @@ def screen_ours(model, task, items, heads, batch_size, **switches):
     drafts; the first call's intact passes when they are kept), timed apart so that a sample of
     heads can be scaled to the whole screen.
     """
-    ev = LMEvaluator(model, task, batch_size=batch_size, **switches)
+    ev = LMEvaluator(model, task, **{"batch_size": batch_size, **switches})
     conds = [((l, h),) for l, h in heads]
     t0 = time.perf_counter()
     ev.evaluate_many(items, [()])  # the intact drafts
@@ -265,7 +266,10 @@ def floor_flops(model, task, items, heads, answers: dict) -> float:
 # --------------------------------------------------------------------------- main
 
 
+LABELS = {"intact_drafts": "+intact_drafts", "batch32": "batch 32", "batch64": "batch 64"}
 VARIANTS = {
+    "batch32": dict(batch_size=32),  # prompts per forward (ours only; the default is BATCH_SIZE)
+    "batch64": dict(batch_size=64),
     "intact_cache": dict(intact_cache=False),
     "share_prefix": dict(share_prefix=False),
     "intact_drafts": dict(intact_drafts=True),  # off by default: this row switches it on
@@ -285,7 +289,7 @@ def bench_task(model, ref, task_name, D, args, rows):
     variants = {"ours": {}}
     if D == args.variant_size:
         for k in filter(None, args.variants.split(",")):  # "a+b": both switched
-            label = " ".join(("+" if p == "intact_drafts" else "-") + p for p in k.split("+"))
+            label = " ".join(LABELS.get(p, "-" + p) for p in k.split("+"))
             variants[f"ours {label}"] = {
                 n: v for part in k.split("+") for n, v in VARIANTS[part].items()
             }
