@@ -101,14 +101,14 @@ def load() -> str:
 # --------------------------------------------------------------------------- ours
 
 
-def screen_ours(model, task, items, heads, batch_size, **switches):
+def screen_ours(model, task, items, heads, default_batch, **switches):
     """(one-off seconds, screen seconds, {head: [ExampleResult]}) through a fresh evaluator.
 
     One-off: what an evaluator does once per panel whatever the number of heads (the intact
     drafts; the first call's intact passes when they are kept), timed apart so that a sample of
     heads can be scaled to the whole screen.
     """
-    ev = LMEvaluator(model, task, **{"batch_size": batch_size, **switches})
+    ev = LMEvaluator(model, task, **{"batch_size": default_batch, **switches})
     conds = [((l, h),) for l, h in heads]
     t0 = time.perf_counter()
     ev.evaluate_many(items, [()])  # the intact drafts
