@@ -464,7 +464,22 @@ def test_theory_acceptance(tmp_path, trained_theory):
     assert ho["gain"] > 0 and ho["ci_low"] > 0 and ho["p_value"] < 1e-3, ho
     b = primary["crosstask"]["theory-B"]
     assert b["gain"] < 0 and b["ci_high"] < 0 and b["p_value"] < 1e-3, b
-    assert res["confirm"]["discovery"]["intact_matches_baseline"]
+    confirm = res["confirm"]["discovery"]
+    assert confirm["intact_matches_baseline"] and confirm["intact_answers_differ"] == 0
+    assert confirm["intact_logprob_max_diff"] == 0.0
+
+
+def test_intact_comparator_note_says_what_differs():
+    from cel_numpy.localize.report import intact_comparator_note
+
+    rounding = {"intact_matches_baseline": False, "intact_answers_differ": 0,
+                "intact_logprob_max_diff": 2.3e-5}  # fmt: skip
+    note = intact_comparator_note(rounding)
+    assert "agrees with the baseline on every answer" in note and "2e-05 nats" in note, note
+    answers = dict(rounding, intact_answers_differ=3)
+    assert intact_comparator_note(answers).endswith("differs from the baseline in 3 answers")
+    old = {"intact_matches_baseline": False}  # a summary written before the counts existed
+    assert intact_comparator_note(old).endswith("differs from the baseline")
 
 
 def test_theory_items_round_trip_exactly(trained_theory):

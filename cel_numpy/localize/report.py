@@ -30,6 +30,20 @@ FIGURES = {
 NULLS_FIGURE = "nulls.png"
 
 
+def intact_comparator_note(confirm: dict) -> str:
+    """What differs between the confirmation's fresh intact comparator and the baseline."""
+    n = confirm.get("intact_answers_differ")
+    if n is None or n:  # old summaries without the count: say only that they differ
+        what = f" in {n} answers" if n else ""
+        return f"the fresh intact comparator of the confirmation differs from the baseline{what}"
+    gap = confirm.get("intact_logprob_max_diff", 0.0)
+    return (
+        "the fresh intact comparator of the confirmation agrees with the baseline on every answer "
+        f"and verdict; its reference log-probabilities differ by up to {gap:.1g} nats (float "
+        "rounding of another batch composition, e.g. a resumed run with another --batch-size)"
+    )
+
+
 def _fmt_gain(d: dict) -> str:
     return f"{d['gain_rate']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
 
@@ -66,7 +80,7 @@ def build_report(loc) -> dict:
     if r["joint"]["n_candidates"] < loc.n_finalists:
         notes.append(f"only {r['joint']['n_candidates']} joint candidates: all are finalists")
     if not r["confirm"]["discovery"]["intact_matches_baseline"]:
-        notes.append("the fresh intact comparator of the confirmation differs from the baseline")
+        notes.append(intact_comparator_note(r["confirm"]["discovery"]))
     primary = finalists[0]
     figures = dict(FIGURES)
     nulls = r.get("nulls") or {}

@@ -644,8 +644,16 @@ class Localizer:
         blocks, summary = self._finalist_stage(
             "confirm", [("", "discovery")], ["baseline", "joint"]
         )
-        agrees = [a == b for a, b in zip(blocks[0], self.intact)] if blocks else []
-        summary["discovery"]["intact_matches_baseline"] = all(agrees)
+        pairs = list(zip(blocks[0], self.intact)) if blocks else []
+        summary["discovery"]["intact_matches_baseline"] = all(a == b for a, b in pairs)
+        # Which way it differs: answers (a real difference) or only the reference answer's
+        # log-probability (float rounding, e.g. another --batch-size, never a verdict).
+        summary["discovery"]["intact_answers_differ"] = sum(
+            (a.answer, a.correct) != (b.answer, b.correct) for a, b in pairs
+        )
+        gaps = [abs(a.ref_logprob - b.ref_logprob) for a, b in pairs
+                if a.ref_logprob is not None and b.ref_logprob is not None]  # fmt: skip
+        summary["discovery"]["intact_logprob_max_diff"] = max(gaps, default=0.0)
         return summary
 
     def heldout(self):
