@@ -17,7 +17,9 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
                        +intact_drafts (the intact model's answer as a second draft: switched
                        ON, it is off by default), forced (prompt pass + KV-cache
                        decoding, the engine before forced answers); batch32, batch64: 32 or
-                       64 prompts per forward instead of --batch-size; a+b: both
+                       64 prompts per forward instead of --batch-size; keep_memory:
+                       glibc's default malloc (`fast.keep_freed_memory` off, in a spawned
+                       process); a+b: both
   torch generate       transformers + torch as a user would screen: a forward pre-hook on
                        o_proj zeroing the head's slice of its input, batched greedy
                        `model.generate` (KV cache, left padding, same batch size) with the same
@@ -274,7 +276,35 @@ VARIANTS = {
     "share_prefix": dict(share_prefix=False),
     "intact_drafts": dict(intact_drafts=True),  # off by default: this row switches it on
     "forced": dict(forced=False),
+    # glibc's default malloc (freed activations unmapped, page-faulted again when reused): ours
+    # in a spawned process with CEL_NUMPY_SYSTEM_MALLOC=1 (`fast.keep_freed_memory` off)
+    "keep_memory": dict(_env={"CEL_NUMPY_SYSTEM_MALLOC": "1"}),
 }
+
+
+def _screen_spawned(spec, task_name, D, heads, batch_size, threads, env, switches):
+    """`screen_ours` in this (spawned) process with `env` set first; the model loaded and the
+    engine warmed up before timing."""
+    os.environ.update(env)
+    pin_threads(threads)
+    model = cn.load_model(spec)
+    task = get_task(task_name)
+    items, _ = make_panels(task, D, 1, 0)
+    screen_ours(model, task, items[:4], heads[:2], batch_size)
+    return screen_ours(model, task, items, heads, batch_size, **switches)
+
+
+def screen_variant(args, task_name, D, model, task, items, heads, switches):
+    """(once, seconds, results) of one path: in this process, or spawned when it sets `_env`."""
+    if "_env" not in switches:
+        return screen_ours(model, task, items, heads, args.batch_size, **switches)
+    rest = {k: v for k, v in switches.items() if k != "_env"}
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        return pool.submit(
+            _screen_spawned, args.model, task_name, D, heads, args.batch_size, args.threads,
+            switches["_env"], rest,
+        ).result()  # fmt: skip
 
 
 def bench_task(model, ref, task_name, D, args, rows):
@@ -298,7 +328,7 @@ def bench_task(model, ref, task_name, D, args, rows):
     t_torch, theirs = [], None
     for rep in range(args.repeats):  # interleaved, so that load changes hit every path alike
         for name, sw in variants.items():
-            once, t, res = screen_ours(model, task, items, sample, args.batch_size, **sw)
+            once, t, res = screen_variant(args, task_name, D, model, task, items, sample, sw)
             times[name].append((once, t))
             results[name] = res
             print(

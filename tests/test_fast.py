@@ -135,7 +135,8 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
 
 
 def test_generate_conditions_mean_ablation_and_draft_scores():
-    """Mean ablation in the decode steps; `score` sees the draft rows' right-aligned logits."""
+    """Mean ablation in the decode steps; `score` sees each draft row's logits at its real
+    positions."""
     model = cn.load_model(FIXTURES[1])
     rng = np.random.default_rng(5)
     V = model.config.vocab_size
@@ -147,7 +148,9 @@ def test_generate_conditions_mean_ablation_and_draft_scores():
     got, scores = generate_conditions(
         prepare(model), prompts, conds, mean_z, stop, drafts=drafts, score=lambda lg: lg
     )
-    for cond, new, lg in zip(conds, got, scores):
+    for cond, new, rows in zip(conds, got, scores):
+        assert [r.shape for r in rows] == [(3, V)] * len(prompts)  # last prompt token + 2 drafted
+        lg = np.stack(rows)  # (B, 3, V)
         kw = dict(ablate=list(cond) or None, ablation="mean", mean_z=mean_z)
         assert new == model.generate_ids(prompts, 4, stop_at_eos=False, **kw)
         ids, mask = model.pad([p + d[0] for p, d in zip(prompts, drafts)])

@@ -88,7 +88,7 @@ def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True):
     drafts = [drafts_of(i) for i in batch]  # the reference answer first
     first = np.cumsum([0] + [len(d) for d in drafts])[:-1]  # row of each prompt's reference
 
-    def score(logits):  # (C, n, V) right-aligned draft rows
+    def score(logits):  # per draft row (A + 1, V): its last prompt token and its draft
         return [continuation_logprob(logits[c], refs[i][1]) for c, i in zip(first, batch)]
 
     new, scores = generate_conditions(
@@ -111,15 +111,28 @@ def _intact(ev, items, refs) -> dict[str, tuple[list[int], float]]:
     return memo
 
 
+def _guess_draft(answer: list[int], stop: Stop) -> list[int]:
+    """The intact model's greedy answer as a draft: without its last token when that token
+    ended the generation (the stop text, the token cap), since the argmax after the draft
+    gives it. A correct answer then equals the reference draft and adds no row; an answer
+    that ended at a stop token is kept whole (the argmax after it gives the stop)."""
+    ended_by_last = answer and (
+        len(answer) >= stop.max_new_tokens or (stop.is_done is not None and stop.is_done(answer))
+    )
+    return answer[:-1] if ended_by_last else answer
+
+
 def _generate(ev, items, conds):
     tok = ev.model.tokenizer
     rule = stop_rule(ev.task, tok)
     refs = [reference_ids(ev, it) for it in items]  # (prompt ids, reference answer ids)
     intact = _intact(ev, items, refs) if ev.intact_drafts else {}
 
+    stop = _stop(ev)
+
     def drafts_of(i):
         ref = refs[i][1]
-        guess = intact[items[i].id][0] if items[i].id in intact else ref
+        guess = _guess_draft(intact[items[i].id][0], stop) if items[i].id in intact else ref
         return [ref] if guess == ref else [ref, guess]
 
     found: dict[Condition, list] = {c: [None] * len(items) for c in conds}

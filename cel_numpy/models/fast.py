@@ -39,6 +39,7 @@ G, E, F, V, L as in the glossary of `cel_numpy.attention`; n stacked condition k
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -115,9 +116,47 @@ def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
 
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+_MALLOC_KEEP_BYTES = 1 << 30  # arrays up to this size are recycled by malloc, not unmapped
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc keep freed memory for reuse instead of returning it to the system.
+
+    A forward allocates and frees arrays of several MiB per layer. By default glibc maps each
+    one afresh and unmaps it when freed, so every new activation array is paid again in page
+    faults when it is first written, about 1.4 ms per MiB on this project's VMs, which made
+    a screen 7-9% slower (`bench/bench_screen.py`, variant `-keep_memory`). With the mmap
+    threshold raised (and trimming off) freed blocks are reused: the process keeps its peak
+    heap instead of shrinking between forwards. Process-wide; called by `prepare`, so any
+    use of the fast engine turns it on. A no-op returning False where there is no glibc, or
+    when the environment sets CEL_NUMPY_SYSTEM_MALLOC=1 (the system's default behaviour).
+    """
+    global _MALLOC_KEPT
+    if _MALLOC_KEPT is None:
+        _MALLOC_KEPT = False
+        if os.environ.get("CEL_NUMPY_SYSTEM_MALLOC") == "1":
+            return False
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6")
+            M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+            _MALLOC_KEPT = bool(
+                libc.mallopt(M_MMAP_THRESHOLD, _MALLOC_KEEP_BYTES)
+                and libc.mallopt(M_TRIM_THRESHOLD, 2 * _MALLOC_KEEP_BYTES)
+            )
+        except (OSError, AttributeError):  # not glibc (macOS, Windows, musl without mallopt)
+            pass
+    return _MALLOC_KEPT
+
+
+_MALLOC_KEPT: bool | None = None
+
 
 def prepare(model) -> Prepared:
-    """Prepared weights of a `Model`, built on first use and cached (weakly) per Model object."""
+    """Prepared weights of a `Model`, built on first use and cached (weakly) per Model object.
+    Also turns on `keep_freed_memory` for the process."""
+    keep_freed_memory()
     prep = _PREPARED.get(model)
     if prep is None or prep.params is not model.params:
         dtype = model.params["embed"]["W_E"].dtype
@@ -819,9 +858,11 @@ def generate_conditions(
 
     drafts[b]: guesses of prompt b's continuation (e.g. the reference answer, the intact model's
     answer); they change only the cost. The tree is: the prompts' common prefix (share_prefix),
-    each prompt but its last token, and per draft [last prompt token] + draft. The draft rows'
-    logits (C, n, V), right-aligned (row c's last logit predicts the token after its draft),
-    go to `score`; c runs over the drafts in order (prompt 0's, then prompt 1's, ...).
+    each prompt but its last token, and per draft [last prompt token] + draft. `score` gets the
+    draft rows' logits as a list over rows c (the drafts in order: prompt 0's, then prompt
+    1's, ...) of (A_c + 1, V) arrays: at row c's last prompt token and its A_c draft tokens, the
+    last predicting the token after its draft. The unembedding runs only at those positions,
+    never at a shorter draft's padding.
     verify=False takes only the first greedy token from the forward and decodes the rest (the
     plain prompt pass + KV-cache decoding, for measuring what the drafts save). `cache` keeps
     the intact pass across calls on the same prompts and drafts.
@@ -843,13 +884,16 @@ def generate_conditions(
     per_wave = max(1, max_rows // max(1, _tokens(segments)))
     results: dict[Condition, list[list[int]]] = {}
     scored: dict[Condition, object] = {}
+    real = segments[-1].valid  # (C, n) each draft row's real positions: its last A + 1
+    row_ends = np.cumsum(real.sum(axis=1))[:-1]  # where each row's logits end, row-major
     for wave in _waves(conds, per_wave):
         final, kv = ablated_tree(prep, intact, wave, fill, keep_kv=True)
         resumes = []
         for i, c in enumerate(wave):
-            logits = _unembed(prep, final[c], None)  # (C, n, V)
-            scored[c] = None if score is None else score(logits)
-            greedy = _greedy(prep, logits)  # (C, n)
+            logits = _unembed(prep, final[c][real], None)  # (N, V) at real positions only
+            scored[c] = None if score is None else score(np.split(logits, row_ends))
+            greedy = np.zeros(real.shape, np.int64)  # (C, n) right-aligned; padding never read
+            greedy[real] = _greedy(prep, logits)
             results[c] = []
             for b in range(B):
                 new, resume = _verify(b, i, parent, cont, draft_len, greedy, n_read, stop, verify)
