@@ -48,7 +48,11 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
                        share scaled to every head, as "all heads" is).
   workers              the sampled screen through a ProcessPoolExecutor (spawned processes, one
                        BLAS thread each, models loaded before timing): 2 workers vs 1.
-  peak RSS             ru_maxrss of this process (torch included once loaded).
+  peak RSS             ru_maxrss of this process (ours) and of the torch side's process.
+  torch's process      the torch sweep runs in a spawned process of its own (kept for the
+                       whole bench): glibc's default malloc there, as a user's torch session
+                       has it; ours turns on `fast.keep_freed_memory` in this process, which
+                       would speed torch up too (--torch-in-process: share it).
 
 The machine is shared: every path is timed --repeats times, interleaved (ours, each variant,
 torch, then again), and the medians are compared; the load average is printed along the way.
@@ -201,6 +205,46 @@ def screen_torch(model, ref, task, items, heads, batch_size):
     return time.perf_counter() - t0, results
 
 
+_TORCH: dict = {}  # the model and its torch copy, loaded once per process
+
+
+def torch_job(spec, threads, task_name, D, heads, batch_size):
+    """(max |dlogits| of the first prompt, seconds, results, peak RSS MiB) of the torch sweep in
+    this process; the model and its torch copy are loaded on the first call (not timed)."""
+    if not _TORCH:
+        pin_threads(threads)
+        torch.set_grad_enabled(False)
+        model = cn.load_model(spec)
+        _TORCH.update(model=model, ref=torch_llama_from(model))
+    model, ref = _TORCH["model"], _TORCH["ref"]
+    task = get_task(task_name)
+    items, _ = make_panels(task, D, 1, 0)
+    dlogits = check_reference(model, ref, prompt_ids(model, task, items[0]))
+    t, results = screen_torch(model, ref, task, items, heads, batch_size)
+    return dlogits, t, results, rss_mib()
+
+
+class TorchSide:
+    """Where the torch sweep runs: by default in one spawned process kept for the whole bench,
+    with glibc's default malloc as a user's torch session has it (this process runs ours, and
+    ours turns on `fast.keep_freed_memory`, which speeds up torch as well); with
+    --torch-in-process, here, sharing that setting."""
+
+    def __init__(self, args):
+        self.args = args
+        self.pool = None
+        if not args.torch_in_process:
+            ctx = multiprocessing.get_context("spawn")
+            self.pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+
+    def sweep(self, task_name, D, heads):
+        a = self.args
+        job = (a.model, a.threads, task_name, D, heads, a.batch_size)
+        if self.pool is None:
+            return torch_job(*job)
+        return self.pool.submit(torch_job, *job).result()
+
+
 def check_reference(model, ref, ids: list[int]) -> float:
     """Max |logits ours - torch| over one prompt; fails loudly when the two models differ."""
     x = np.array([ids])
@@ -307,7 +351,7 @@ def screen_variant(args, task_name, D, model, task, items, heads, switches):
         ).result()  # fmt: skip
 
 
-def bench_task(model, ref, task_name, D, args, rows):
+def bench_task(model, torch_side, task_name, D, args, rows):
     task = get_task(task_name)
     items, _ = make_panels(task, D, 1, 0)
     L, H = model.config.n_layers, model.config.n_heads
@@ -334,10 +378,12 @@ def bench_task(model, ref, task_name, D, args, rows):
             print(
                 f"[{rep}] {name}: once {once:.1f} s, sample {t:.1f} s (load {load()})", flush=True
             )
-        if ref is not None and D <= args.torch_max_size:
-            t, theirs = screen_torch(model, ref, task, items, sample, args.batch_size)
+        if torch_side is not None and D <= args.torch_max_size:
+            dlogits, t, theirs, torch_rss = torch_side.sweep(task_name, D, sample)
+            assert dlogits < 1e-3, f"torch reference differs from ours: max |dlogits| {dlogits}"
             t_torch.append(t)
-            print(f"[{rep}] torch: {t:.1f} s (load {load()})", flush=True)
+            print(f"[{rep}] torch: {t:.1f} s, max |dlogits| {dlogits:.1e} (load {load()})",
+                  flush=True)  # fmt: skip
 
     med = lambda xs: float(np.median(xs))
     ours = results["ours"]
@@ -414,9 +460,12 @@ def bench_task(model, ref, task_name, D, args, rows):
             tag,
             "peak RSS so far",
             f"{rss_mib():.0f} MiB",
-            "this process" + (", torch loaded" if ref is not None else ""),
+            "this process (ours)",
         )
     )
+    if t_torch:
+        where = "in this process" if args.torch_in_process else "its own process"
+        rows.append((tag, "peak RSS, torch side", f"{torch_rss:.0f} MiB", where))
 
 
 def main(argv=None) -> int:
@@ -447,21 +496,19 @@ def main(argv=None) -> int:
         help="prompts per forward on both sides (default: the evaluator's)",
     )  # fmt: skip
     ap.add_argument("--threads", type=int, default=2, help="threads of each side (default 2)")
+    ap.add_argument(
+        "--torch-in-process", action="store_true",
+        help="run the torch sweep in this process (sharing ours' malloc setting), not spawned",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     threads = pin_threads(args.threads)
     load_before = load()
     model = cn.load_model(args.model)
-    ref = None
-    if torch is not None and not args.no_torch:
-        torch.set_grad_enabled(False)
-        ref = torch_llama_from(model)
-        task = get_task(args.tasks.split(",")[0])
-        first = prompt_ids(model, task, make_panels(task, 1, 1, 0)[0][0])
-        print(f"torch reference: max |dlogits| = {check_reference(model, ref, first):.1e}")
+    torch_side = TorchSide(args) if torch is not None and not args.no_torch else None
     rows: list = []
     for task_name in args.tasks.split(","):
         for D in [int(x) for x in args.sizes.split(",") if x]:
-            bench_task(model, ref, task_name, D, args, rows)
+            bench_task(model, torch_side, task_name, D, args, rows)
     if args.workers_heads:
         task_name = args.tasks.split(",")[0]
         items, _ = make_panels(get_task(task_name), 20, 1, 0)
@@ -486,7 +533,7 @@ def main(argv=None) -> int:
         f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"numpy {np.__version__}"
         + (f", torch {torch.__version__}, transformers {transformers.__version__}"
-           if ref is not None else "")
+           if torch_side is not None else "")
         + f"; threads: {threads}; load average (1, 5, 15 min) before {load_before}, after {load()}"
     )  # fmt: skip
     w = max(len(r[1]) for r in rows)

@@ -229,10 +229,30 @@ def _linear(x2: np.ndarray, W: np.ndarray, b: np.ndarray | None) -> np.ndarray:
     return y
 
 
-def _mlp_residual_(lw: LayerWeights, x: np.ndarray, config: ModelConfig) -> np.ndarray:
-    """In place on x (..., D): x <- x + mlp(norm2(x))."""
+def _real_rows(valid: np.ndarray, n: int = 1) -> np.ndarray | None:
+    """valid (R, T) tiled for n stacked conditions -> (n R T,) bool, the rows of a flattened
+    (n R, T, D) array that hold real tokens; None when every row does (nothing to skip)."""
+    if valid.all():
+        return None
+    return np.tile(valid, (n, 1)).ravel()
+
+
+def _linear_rows(x2: np.ndarray, W: np.ndarray, b: np.ndarray | None, real) -> np.ndarray:
+    """`_linear` at the real rows only (real (N,) bool or None: all); padding rows get 0."""
+    if real is None:
+        return _linear(x2, W, b)
+    y = np.zeros((x2.shape[0], W.shape[1]), x2.dtype)
+    y[real] = _linear(x2[real], W, b)
+    return y
+
+
+def _mlp_residual_(
+    lw: LayerWeights, x: np.ndarray, config: ModelConfig, real: np.ndarray | None = None
+) -> np.ndarray:
+    """In place on x (..., D): x <- x + mlp(norm2(x)) at the real rows of x (N = the leading
+    axes flattened; real (N,) bool or None: all); padding rows keep their x (never read)."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, D)
-    xn = _norm(x2, lw.ln2_w, lw.ln2_b, config)  # (N, D)
+    xn = _norm(x2 if real is None else x2[real], lw.ln2_w, lw.ln2_b, config)  # (N', D)
     h = _linear(xn, lw.W_up, lw.b_up)  # (N, F) or (N, 2F)
     if h.shape[1] == lw.W_out.shape[0]:  # gpt2: GELU
         post = _gelu_(h, np.empty_like(h))  # (N, F)
@@ -241,10 +261,13 @@ def _mlp_residual_(lw: LayerWeights, x: np.ndarray, config: ModelConfig) -> np.n
         gate, up = h[:, :F], h[:, F:]  # (N, F) views
         post = _silu_(gate, np.empty_like(gate))
         post *= up  # (N, F) strided view; BLAS reads it with its leading dimension
-    out = post @ lw.W_out  # (N, D)
+    out = post @ lw.W_out  # (N', D)
     if lw.b_out is not None:
         out += lw.b_out
-    x2 += out
+    if real is None:
+        x2 += out
+    else:
+        x2[real] += out
     return x
 
 
@@ -267,6 +290,7 @@ def _attention_step(
     rotary: Rotary | None,
     query: slice = slice(None),
     past=None,
+    real: np.ndarray | None = None,
 ):
     """norm1, fused QKV, rotary, the shared softmax attention.
 
@@ -274,11 +298,13 @@ def _attention_step(
     query positions (the last layer needs only the read-out ones); mask (R, 1, Tq, S) matches
     it. `past.extend(k, v)` gives the keys and values the queries see (an earlier segment's
     before them, `Past`; or a decode cache, `DecodeCache.layer`); None: only this call's own.
+    real (R T,) bool: the rows holding real tokens (`_real_rows`); padding rows' q, k, v are 0
+    (masked keys, queries never read), None: all rows are real.
     """
     R, T, D = x.shape
     H, G, E = config.n_heads, config.n_kv_heads, config.d_head
     xn = _norm(x.reshape(R * T, D), lw.ln1_w, lw.ln1_b, config)  # (R T, D)
-    qkv = _linear(xn, lw.W_qkv, lw.b_qkv).reshape(R, T, H + 2 * G, E)  # (R, T, H + 2G, E)
+    qkv = _linear_rows(xn, lw.W_qkv, lw.b_qkv, real).reshape(R, T, H + 2 * G, E)
     q = qkv[:, query, :H].transpose(0, 2, 1, 3)  # (R, H, Tq, E)
     k = qkv[:, :, H : H + G].transpose(0, 2, 1, 3)  # (R, G, T, E)
     v = qkv[:, :, H + G :].transpose(0, 2, 1, 3)  # (R, G, T, E)
@@ -304,12 +330,13 @@ def _ablate_(z: np.ndarray, keep: np.ndarray | None, fill: np.ndarray | None) ->
     return z
 
 
-def _attn_out_residual(lw: LayerWeights, x: np.ndarray, z: np.ndarray) -> np.ndarray:
-    """x (R, T, D) + z (R, H, T, E) W_O + b_O -> new (R, T, D)."""
+def _attn_out_residual(
+    lw: LayerWeights, x: np.ndarray, z: np.ndarray, real: np.ndarray | None = None
+) -> np.ndarray:
+    """x (R, T, D) + z (R, H, T, E) W_O + b_O -> new (R, T, D); at padding rows (not `real`)
+    the attention output is 0."""
     R, H, T, E = z.shape
-    out = z.transpose(0, 2, 1, 3).reshape(R * T, H * E) @ lw.W_O  # (R T, D)
-    if lw.b_O is not None:
-        out += lw.b_O
+    out = _linear_rows(z.transpose(0, 2, 1, 3).reshape(R * T, H * E), lw.W_O, lw.b_O, real)
     out = out.reshape(R, T, -1)
     out += x
     return out
@@ -322,11 +349,12 @@ def _block_rest(
     keep: np.ndarray | None,
     fill: np.ndarray | None,
     config: ModelConfig,
+    real: np.ndarray | None = None,
 ) -> np.ndarray:
-    """After attention: ablate z, W_O, residual, MLP.
-    x (R, Tq, D), z (R, H, Tq, E) -> (R, Tq, D)."""
+    """After attention: ablate z, W_O, residual, MLP, the matrix products at the `real` rows
+    (R Tq,) only (None: all). x (R, Tq, D), z (R, H, Tq, E) -> (R, Tq, D)."""
     _ablate_(z, keep, fill)
-    return _mlp_residual_(lw, _attn_out_residual(lw, x, z), config)
+    return _mlp_residual_(lw, _attn_out_residual(lw, x, z, real), config, real)
 
 
 def _unembed(prep: Prepared, x: np.ndarray, columns: np.ndarray | None) -> np.ndarray:
@@ -502,7 +530,7 @@ def _tree_attention(prep, j, segments, xs, n, readout):
             query = readout if s == len(segments) - 1 else slice(0, 0)
         z, k, v = _attention_step(
             lw, x, config, _tile(seg.mask[:, :, query], n), _tile_rotary(seg.rotary, n),
-            query, _past(segments, s, kv, n),
+            query, _past(segments, s, kv, n), _real_rows(seg.valid, n),
         )  # fmt: skip
         zs.append(z)
         kv.append((k, v))
@@ -539,7 +567,9 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
         zs.append(z)
         kvs.append(kv)
         xs = [
-            _block_rest(lw, xs[s][:, q], z[s], None, None, prep.config)
+            _block_rest(
+                lw, xs[s][:, q], z[s], None, None, prep.config, _real_rows(segments[s].valid[:, q])
+            )
             for s, q in _layer_segments(segments, j, L, readout)
         ]
     return IntactTree(segments, resid_pre, zs, kvs, resid_final=xs[0], readout=readout)
@@ -654,8 +684,9 @@ def ablated_tree(
                 )  # (n R, Tq, D)
                 rows_keep = None if keep is None else np.repeat(keep, R, axis=0)  # (n R, H)
                 x_out = _block_rest(
-                    lw, x_in, z_in, rows_keep, None if fill is None else fill[j], config
-                )
+                    lw, x_in, z_in, rows_keep, None if fill is None else fill[j], config,
+                    _real_rows(segments[s].valid[:, q], n),
+                )  # fmt: skip
                 for i, c in enumerate(children):
                     new_states[c].append(x_out[i * R : (i + 1) * R])
         states = new_states
