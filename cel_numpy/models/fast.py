@@ -20,6 +20,11 @@ is exact (results agree with the plain forward to float rounding; tests compare 
     (`intact_tree`), joint conditions that share their lowest heads share the layers in between,
     and conditions at one layer run as one stacked batch. The last layer runs its queries, W_O
     and MLP only at the positions read out, and earlier segments only their K/V there.
+  * matrix products at real rows only (`_real_rows`): segments are left-padded, and the QKV,
+    W_O, MLP and unembedding products skip the padding rows (their q, k, v and MLP output are
+    0: masked keys, never-read queries, finite values).
+  * freed memory kept for reuse (`keep_freed_memory`, turned on by `prepare`): fresh
+    activation arrays are not page-faulted in again on every layer.
   * forced-answer greedy decoding (`generate_conditions`): one forward over prompt + draft answer
     gives, at every draft position, the argmax a greedy decoder would see; greedy decoding
     produces the draft's tokens as long as each argmax equals the next draft token, so those
