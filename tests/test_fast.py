@@ -338,3 +338,21 @@ def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     fast = LMEvaluator(smollm2, task, batch_size=4).evaluate_many(items, conds)
     naive = LMEvaluator(smollm2, task, batch_size=4, fast=False).evaluate_many(items, conds)
     assert_same_results(fast, naive, atol=2e-2)
+
+
+def test_keep_freed_memory_is_on_with_glibc_and_off_on_request():
+    """`prepare` turns glibc's freed-memory reuse on (mallopt accepted); CEL_NUMPY_SYSTEM_MALLOC=1
+    leaves the system's default, in a fresh process."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    from cel_numpy.models import fast
+
+    prepare(cn.load_model(FIXTURES[0]))
+    assert fast.keep_freed_memory() is (platform.libc_ver()[0] == "glibc")
+    code = "from cel_numpy.models.fast import keep_freed_memory; print(keep_freed_memory())"
+    env = {**os.environ, "CEL_NUMPY_SYSTEM_MALLOC": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
