@@ -11,12 +11,13 @@ spread over the layers by default, as the routine does: chunks of 8 conditions p
 `evaluate_many`, a fresh evaluator each, so one-off work such as the intact drafts is counted):
 
   ours                 `LMEvaluator` fast path with its default savings (prefix tree, kept
-                       intact passes, forced answers verified along the reference answer)
+                       intact passes, forced answers verified along the reference answer and
+                       the intact model's answer, real rows only, freed memory kept)
   ours -<saving>       (at --variant-size only) the same with one saving switched off:
                        intact_cache (the intact pass redone per call), share_prefix,
-                       +intact_drafts (the intact model's answer as a second draft: switched
-                       ON, it is off by default), forced (prompt pass + KV-cache
-                       decoding, the engine before forced answers); batch32, batch64: 32 or
+                       intact_drafts (only the reference answer as a draft), forced (prompt
+                       pass + KV-cache decoding, the engine before forced answers); batch32,
+                       batch64: 32 or
                        64 prompts per forward instead of --batch-size; keep_memory:
                        glibc's default malloc (`fast.keep_freed_memory` off, in a spawned
                        process); a+b: both
@@ -237,6 +238,10 @@ class TorchSide:
             ctx = multiprocessing.get_context("spawn")
             self.pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
 
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown()
+
     def sweep(self, task_name, D, heads):
         a = self.args
         job = (a.model, a.threads, task_name, D, heads, a.batch_size)
@@ -312,13 +317,13 @@ def floor_flops(model, task, items, heads, answers: dict) -> float:
 # --------------------------------------------------------------------------- main
 
 
-LABELS = {"intact_drafts": "+intact_drafts", "batch32": "batch 32", "batch64": "batch 64"}
+LABELS = {"batch32": "batch 32", "batch64": "batch 64"}
 VARIANTS = {
     "batch32": dict(batch_size=32),  # prompts per forward (ours only; the default is BATCH_SIZE)
     "batch64": dict(batch_size=64),
     "intact_cache": dict(intact_cache=False),
     "share_prefix": dict(share_prefix=False),
-    "intact_drafts": dict(intact_drafts=True),  # off by default: this row switches it on
+    "intact_drafts": dict(intact_drafts=False),
     "forced": dict(forced=False),
     # glibc's default malloc (freed activations unmapped, page-faulted again when reused): ours
     # in a spawned process with CEL_NUMPY_SYSTEM_MALLOC=1 (`fast.keep_freed_memory` off)
@@ -536,6 +541,8 @@ def main(argv=None) -> int:
            if torch_side is not None else "")
         + f"; threads: {threads}; load average (1, 5, 15 min) before {load_before}, after {load()}"
     )  # fmt: skip
+    if torch_side is not None:
+        torch_side.close()
     w = max(len(r[1]) for r in rows)
     print(f"\n| workload | {'measure':<{w}} | value | note |\n|---|---|---|---|")
     for tag, what, val, note in rows:

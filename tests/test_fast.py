@@ -187,7 +187,7 @@ def test_evaluator_fast_equals_naive_planted(scoring, ablation):
     naive = LMEvaluator(model, task, fast=False, **kw).evaluate_many(items, conds)
     if ablation == "zero":  # removing the harmful head rescues items (a mean-ablated one does not)
         assert any(r.correct for res in naive for r in res) and not all(r.correct for r in naive[0])
-    for switches in [{}, dict(share_prefix=False), dict(forced=False), dict(intact_drafts=True),
+    for switches in [{}, dict(share_prefix=False), dict(forced=False), dict(intact_drafts=False),
                      dict(intact_cache=False)]:  # fmt: skip
         ev = LMEvaluator(model, task, **kw, **switches)
         fast = ev.evaluate_many(items, conds[:5]) + ev.evaluate_many(items, conds[5:])

@@ -103,8 +103,9 @@ class LMEvaluator:
     The fast path's savings can be switched off one by one (same results; for benchmarks):
     share_prefix (a batch's common prompt prefix runs once), forced (greedy tokens verified
     along draft answers in one forward), intact_drafts (the intact model's answer as a second
-    draft; off by default: on a quiet machine it made the capitals screen 1.35x slower and the
-    Qwen arithmetic_chat screen no faster, `bench/bench_screen.py`), intact_cache (a batch's
+    draft: rows that keep the intact answer under a condition are settled in the forward, their
+    layers below the ablated head taken from the intact pass, instead of decoded through every
+    layer; 1.1x faster on a capitals screen, `bench/bench_screen.py`), intact_cache (a batch's
     intact pass kept across calls, up to intact_cache_bytes).
     """
 
@@ -121,7 +122,7 @@ class LMEvaluator:
         fast: bool = True,
         share_prefix: bool = True,
         forced: bool = True,
-        intact_drafts: bool = False,
+        intact_drafts: bool = True,
         intact_cache: bool = True,
         intact_cache_bytes: int = 1 << 30,
     ):
