@@ -356,3 +356,21 @@ def test_keep_freed_memory_is_on_with_glibc_and_off_on_request():
     env = {**os.environ, "CEL_NUMPY_SYSTEM_MALLOC": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_intact_drafts_only_in_calls_that_pay_for_them():
+    """A call with few ablated conditions (a test-heads held-out stage) skips the intact-answer
+    pass; a screen-sized call makes it once per evaluator, and later calls of any size reuse it.
+    Results are the same either way (the switch tests above)."""
+    from cel_numpy.localize.fast import INTACT_DRAFTS_MIN_CONDITIONS
+
+    model = planted_model(np.random.default_rng(3))
+    task = PlantedTask("generate")
+    items = task.sample(np.random.default_rng(4), 6)
+    conds = _conditions(model.config.n_layers, model.config.n_heads)
+    ev = LMEvaluator(model, task, batch_size=4)
+    few = ev.evaluate_many(items, conds[:INTACT_DRAFTS_MIN_CONDITIONS])  # () + 3 ablated
+    assert "_intact_memo" not in ev.__dict__
+    ev.evaluate_many(items, conds[: INTACT_DRAFTS_MIN_CONDITIONS + 1])
+    assert set(ev.__dict__["_intact_memo"]) == {it.id for it in items}
+    assert_same_results(ev.evaluate_many(items, conds[:4]), few, atol=1e-9)
