@@ -122,6 +122,7 @@ def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 _MALLOC_KEEP_BYTES = 1 << 30  # arrays up to this size are recycled by malloc, not unmapped
+_MALLOC_KEPT: bool | None = None  # None: not tried yet
 
 
 def keep_freed_memory() -> bool:
@@ -129,9 +130,9 @@ def keep_freed_memory() -> bool:
 
     A forward allocates and frees arrays of several MiB per layer. By default glibc maps each
     one afresh and unmaps it when freed, so every new activation array is paid again in page
-    faults when it is first written, about 1.4 ms per MiB on this project's VMs, which made
-    a screen 7-9% slower (`bench/bench_screen.py`, variant `-keep_memory`). With the mmap
-    threshold raised (and trimming off) freed blocks are reused: the process keeps its peak
+    faults when it is first written, about 1.4 ms per MiB on this project's VMs, which made a
+    capitals screen 1.07-1.20x slower (`bench/bench_screen.py`, variant `keep_memory`). With
+    the mmap threshold raised (and trimming off) freed blocks are reused: the process keeps its peak
     heap instead of shrinking between forwards. Process-wide; called by `prepare`, so any
     use of the fast engine turns it on. A no-op returning False where there is no glibc, or
     when the environment sets CEL_NUMPY_SYSTEM_MALLOC=1 (the system's default behaviour).
@@ -153,9 +154,6 @@ def keep_freed_memory() -> bool:
         except (OSError, AttributeError):  # not glibc (macOS, Windows, musl without mallopt)
             pass
     return _MALLOC_KEPT
-
-
-_MALLOC_KEPT: bool | None = None
 
 
 def prepare(model) -> Prepared:
