@@ -116,10 +116,7 @@ def _guess_draft(answer: list[int], stop: Stop) -> list[int]:
     ended the generation (the stop text, the token cap), since the argmax after the draft
     gives it. A correct answer then equals the reference draft and adds no row; an answer
     that ended at a stop token is kept whole (the argmax after it gives the stop)."""
-    ended_by_last = answer and (
-        len(answer) >= stop.max_new_tokens or (stop.is_done is not None and stop.is_done(answer))
-    )
-    return answer[:-1] if ended_by_last else answer
+    return answer[:-1] if answer and stop.ended_by_last(answer) else answer
 
 
 # Intact-answer drafts cost one extra intact pass (with decoding) per item, once per evaluator;

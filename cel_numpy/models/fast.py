@@ -768,13 +768,18 @@ class Stop:
     max_new_tokens: int
     is_done: Callable[[list[int]], bool] | None = None
 
+    def ended_by_last(self, new: list[int]) -> bool:
+        """True when the tokens kept so far end the row by their last one: the cap or
+        `is_done` (a stop token is never kept)."""
+        return len(new) >= self.max_new_tokens or (self.is_done is not None and self.is_done(new))
+
 
 def _accept(new: list[int], token: int, stop: Stop) -> bool:
     """Append a generated token to a row; True when the row is finished."""
     if token in stop.ids:
         return True
     new.append(token)
-    return len(new) >= stop.max_new_tokens or (stop.is_done is not None and stop.is_done(new))
+    return stop.ended_by_last(new)
 
 
 @dataclass(frozen=True)
