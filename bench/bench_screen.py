@@ -78,6 +78,7 @@ from bench_forward import gemm_peak, pin_threads, torch_llama_from
 
 import cel_numpy as cn
 from cel_numpy.localize.evaluate import BATCH_SIZE, LMEvaluator
+from cel_numpy.localize.fast import INTACT_DRAFTS_MIN_CONDITIONS
 from cel_numpy.localize.routine import evaluate_chunk
 from cel_numpy.localize.scoring import stop_rule
 from cel_numpy.tasks import get_task, make_panels
@@ -96,6 +97,12 @@ def spread(heads, k):
     if k <= 0 or k >= len(heads):
         return list(heads)
     return [heads[i] for i in np.linspace(0, len(heads) - 1, k).round().astype(int)]
+
+
+def spawn_pool(workers: int = 1) -> ProcessPoolExecutor:
+    """Worker processes started fresh (spawn: nothing inherited from this process's malloc,
+    threads or loaded model)."""
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
 def rss_mib() -> float:
@@ -118,9 +125,12 @@ def screen_ours(model, task, items, heads, default_batch, **switches):
     """
     ev = LMEvaluator(model, task, **{"batch_size": default_batch, **switches})
     conds = [((l, h),) for l, h in heads]
+    L, H = model.config.n_layers, model.config.n_heads
     t0 = time.perf_counter()
-    ev.evaluate_many(items, [()])  # the intact drafts
-    ev.evaluate_many(items, [((model.config.n_layers - 1, 0),)])  # the kept intact passes
+    # a call with enough conditions for the intact drafts (as every chunk of a real screen):
+    # computes them and keeps the intact passes of the tree they make; 4 last-layer heads,
+    # which the sample's scaling counts again (a small overcount)
+    ev.evaluate_many(items, [((L - 1, h),) for h in range(min(H, INTACT_DRAFTS_MIN_CONDITIONS))])
     once = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = {}
@@ -139,12 +149,11 @@ def _warm(ev, items):
 def screen_workers(spec, task_name, items, heads, workers: int, batch_size: int) -> float:
     """Seconds of the screen through `workers` spawned processes, one BLAS thread each."""
     os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    ctx = multiprocessing.get_context("spawn")
     task = get_task(task_name)
     model = cn.load_model(spec)
     ev = LMEvaluator(model, task, batch_size=batch_size, spec=spec)
     conds = [((l, h),) for l, h in heads]
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+    with spawn_pool(workers) as pool:
         pids = {f.result() for f in [pool.submit(_warm, ev, items) for _ in range(workers)]}
         assert len(pids) == workers, "a worker was not warmed up"
         t0 = time.perf_counter()
@@ -236,8 +245,7 @@ class TorchSide:
         self.args = args
         self.pool = None
         if not args.torch_in_process:
-            ctx = multiprocessing.get_context("spawn")
-            self.pool = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+            self.pool = spawn_pool()
 
     def close(self):
         if self.pool is not None:
@@ -349,8 +357,7 @@ def screen_variant(args, task_name, D, model, task, items, heads, switches):
     if "_env" not in switches:
         return screen_ours(model, task, items, heads, args.batch_size, **switches)
     rest = {k: v for k, v in switches.items() if k != "_env"}
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+    with spawn_pool() as pool:
         return pool.submit(
             _screen_spawned, args.model, task_name, D, heads, args.batch_size, args.threads,
             switches["_env"], rest,
