@@ -128,15 +128,17 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
                              ([[x[1]] for x in drafts], True, True)]:  # fmt: skip
         got, _ = generate_conditions(
             prepare(model), prompts, conds, None, stop, drafts=d, verify=verify,
-            share_prefix=share, max_rows=60,
+            share_prefix=share, max_rows=60, unembed_rows=50,
         )  # fmt: skip
         for cond, new in zip(conds, got):
             assert new == truth[cond], f"condition {cond}, verify={verify}, share={share}"
 
 
-def test_generate_conditions_mean_ablation_and_draft_scores():
+@pytest.mark.parametrize("unembed_rows", [1, 40, 512])  # 12 draft rows per condition: 1, 3, 4
+def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows):
     """Mean ablation in the decode steps; `score` sees each draft row's logits at its real
-    positions."""
+    positions, whether the conditions' draft rows are unembedded one condition per GEMM or
+    several (a last group smaller than the others)."""
     model = cn.load_model(FIXTURES[1])
     rng = np.random.default_rng(5)
     V = model.config.vocab_size
@@ -146,8 +148,9 @@ def test_generate_conditions_mean_ablation_and_draft_scores():
     drafts = [[list(rng.integers(0, V, 2))] for _ in prompts]
     conds = [(), ((0, 1),), ((1, 2),), ((0, 0), (1, 3))]
     got, scores = generate_conditions(
-        prepare(model), prompts, conds, mean_z, stop, drafts=drafts, score=lambda lg: lg
-    )
+        prepare(model), prompts, conds, mean_z, stop, drafts=drafts, score=lambda lg: lg,
+        unembed_rows=unembed_rows,
+    )  # fmt: skip
     for cond, new, rows in zip(conds, got, scores):
         assert [r.shape for r in rows] == [(3, V)] * len(prompts)  # last prompt token + 2 drafted
         lg = np.stack(rows)  # (B, 3, V)
