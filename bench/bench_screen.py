@@ -75,7 +75,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_forward import gemm_peak, pin_threads, torch_llama_from
+from bench_forward import gemm_peak, median_time, pin_threads, torch_llama_from
 
 import cel_numpy as cn
 from cel_numpy.localize.evaluate import BATCH_SIZE, LMEvaluator
@@ -204,6 +204,20 @@ def screen_workers(spec, task_name, items, heads, workers: int, batch_size: int)
         for f in futures:
             f.result()
         return time.perf_counter() - t0
+
+
+def unembed_rates(model, rows=(20, 60, 150, 400, 512), repeats: int = 7) -> str:
+    """GFLOP/s of (N, D) @ the model's (D, V) unembedding for a few row counts N: why the
+    engine unembeds several conditions' draft rows in one GEMM (`unembed_rows`)."""
+    W_U = model.params["unembed"]["W_U"]
+    rng = np.random.default_rng(0)
+    rates = []
+    for n in rows:
+        x = rng.standard_normal((n, W_U.shape[0]), dtype=W_U.dtype)
+        x @ W_U
+        t = median_time(lambda: x @ W_U, repeats)  # noqa: B023 - called within this iteration
+        rates.append(f"{2 * x.size * W_U.shape[1] / t / 1e9:.0f}")
+    return f"{'/'.join(rates)} GFLOP/s at {'/'.join(map(str, rows))} rows"
 
 
 # --------------------------------------------------------------------------- torch
@@ -574,6 +588,8 @@ def main(argv=None) -> int:
     for task_name in args.tasks.split(","):
         for D in [int(x) for x in args.sizes.split(",") if x]:
             bench_task(model, torch_side, task_name, D, args, rows)
+    rows.append(("unembedding", f"(N, {model.config.d_model}) @ (D, V) GEMM rate", "",
+                 unembed_rates(model)))  # fmt: skip
     if args.workers_heads:
         task_name = args.tasks.split(",")[0]
         items, _ = make_panels(get_task(task_name), 20, 1, 0)

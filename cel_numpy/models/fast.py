@@ -907,8 +907,8 @@ def generate_conditions(
     plain prompt pass + KV-cache decoding, for measuring what the drafts save). `cache` keeps
     the intact pass across calls on the same prompts and drafts. The draft rows of several
     conditions share one unembedding GEMM of at most `unembed_rows` rows (one condition's rows
-    at least): a GEMM of 20-60 rows against the (D, V) unembedding runs at half the rate of
-    one of 400 (measured on SmolLM2, one thread).
+    at least): against the (D, V) unembedding a GEMM of a few dozen rows runs well below the
+    rate of one of a few hundred (`bench/bench_screen.py` prints the rates).
     """
     B = len(prompts)
     drafts = [list(d) if d else [[]] for d in (drafts or [[[]]] * B)]
