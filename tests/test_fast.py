@@ -134,7 +134,7 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
             assert new == truth[cond], f"condition {cond}, verify={verify}, share={share}"
 
 
-@pytest.mark.parametrize("unembed_rows", [1, 40, 512])  # 12 draft rows per condition: 1, 3, 4
+@pytest.mark.parametrize("unembed_rows", [1, 40, 512])  # 12 rows a condition: 1, 3, 4 per GEMM
 def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows):
     """Mean ablation in the decode steps; `score` sees each draft row's logits at its real
     positions, whether the conditions' draft rows are unembedded one condition per GEMM or
