@@ -2,7 +2,7 @@
 
 tests/fixtures/tiny_qwen2 is a random Qwen2ForCausalLM written by scripts/write_fixtures.py
 (--only qwen2); its logits, ablations and gradients are checked against transformers / torch
-autograd with the other families in test_models.py, test_backward.py and test_fast.py. Here:
+autograd with the other families in test_models.py, test_backward.py and test_fast_engine.py. Here:
 what is particular to Qwen2.
 """
 

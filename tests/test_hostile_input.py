@@ -1,4 +1,4 @@
-"""Hostile and odd inputs that must not pass silently (issue 16): each is refused in one line
+"""Hostile and odd inputs that must not pass silently (the project's reliability rounds): each is refused in one line
 naming the file or option, or handled and said; run through the command line where a user
 would meet it.
 """
