@@ -105,7 +105,7 @@ class LMEvaluator:
     along draft answers in one forward), intact_drafts (the intact model's answer as a second
     draft: rows that keep the intact answer under a condition are settled in the forward, their
     layers below the ablated head taken from the intact pass, instead of decoded through every
-    layer; 0.94-1.10x on a capitals screen, `bench/bench_screen.py`; used by calls with at least
+    layer; `bench/bench_screen.py` measures its effect on a screen; used by calls with at least
     `fast.INTACT_DRAFTS_MIN_CONDITIONS` ablated conditions, or once the intact answers are
     known: a 2-condition call would pay their extra pass for nothing), intact_cache (a batch's
     intact pass kept across calls, up to intact_cache_bytes).

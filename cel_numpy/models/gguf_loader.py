@@ -57,7 +57,7 @@ def _reader_class():
 
     GGUFReader slices an np.memmap once per metadata item (~250k slices for a 49k-token
     vocabulary) and the memmap subclass's per-slice bookkeeping dominates: a plain ndarray
-    view of the same mapping (no copy) opens the SmolLM2 file ~2.5x faster.
+    view of the same mapping (no copy) opens a large-vocabulary file several times faster.
     """
     from gguf import GGUFReader, GGUFValueType
 
