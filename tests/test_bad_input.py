@@ -1205,12 +1205,14 @@ FUZZ = settings(
 )
 
 
+@pytest.mark.download
 @FUZZ
 @given(text=TEXT)
 def test_gpt2_round_trips_any_unicode(gpt2, text):
     assert gpt2.decode(gpt2.encode(text)) == text
 
 
+@pytest.mark.download
 @FUZZ
 @given(text=SMOLLM2_TEXT)
 def test_smollm2_round_trips_any_unicode_it_can_spell(smollm2, text):
@@ -1221,6 +1223,7 @@ def test_smollm2_round_trips_any_unicode_it_can_spell(smollm2, text):
     assert smollm2.decode(smollm2.encode(text)) == text
 
 
+@pytest.mark.download
 @FUZZ
 @given(text=TEXT, where=st.integers(0, 60), surrogate=st.integers(0xD800, 0xDFFF))
 def test_text_with_a_lone_surrogate_is_a_prompt_error(gpt2, text, where, surrogate):
