@@ -466,6 +466,7 @@ class Model:
         return render_chat(
             tok.chat_template,
             messages,
+            where=getattr(tok, "chat_template_file", None) or self.source,
             add_generation_prompt=add_generation_prompt,
             **(special_token_variables(tok) | variables),
         )

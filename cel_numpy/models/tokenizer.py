@@ -24,7 +24,6 @@ whether a model accepts that is for the caller to decide.
 from __future__ import annotations
 
 import functools
-import json
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,12 @@ import numpy as np
 import regex
 
 from cel_numpy.errors import PromptError, TokenizerError
+from cel_numpy.limits import (
+    MAX_JSON_BYTES,
+    MAX_TOKENIZER_JSON_BYTES,
+    read_bytes_limited,
+    read_json,
+)
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 DIGIT_PATTERN = r"\p{N}"  # one numeric character (HF Digits(individual_digits=True))
@@ -276,6 +281,11 @@ class BPETokenizer:
         self.chat_template = chat_template
         self._vocab = dict(vocab)
         self._special = dict(special_tokens or {})
+        if "" in self._special:  # it would match between every two characters of any text
+            raise TokenizerError(
+                f"special token {self._special['']} has empty text, which would be inserted "
+                "between every two characters: the tokenizer file is damaged"
+            )
         for content, idx in self._special.items():
             self._vocab.setdefault(content, idx)
         self._ranks = {pair: rank for rank, pair in enumerate(merges)}
@@ -425,7 +435,13 @@ class BPETokenizer:
         `special_tokens` present in the vocab are matched verbatim in text; "<|endoftext|>"
         becomes bos_id and eos_id when present (as for GPT-2). No BOS is added by default.
         """
-        vocab = json.loads(Path(vocab_json).read_text(encoding="utf-8"))
+        vocab = read_json(
+            vocab_json, "vocabulary", error=TokenizerError, max_bytes=MAX_TOKENIZER_JSON_BYTES
+        )
+        if not isinstance(vocab, dict):
+            raise TokenizerError(
+                f"{vocab_json}: holds a JSON {type(vocab).__name__}, not a vocabulary"
+            )
         merges = _read_merges_txt(Path(merges_txt))
         special = {t: vocab[t] for t in special_tokens if t in vocab}
         eot = special.get("<|endoftext|>")
@@ -458,7 +474,11 @@ class BPETokenizer:
         from a TemplateProcessing post_processor that starts with a special token.
         """
         path = Path(path)
-        spec = json.loads(path.read_text(encoding="utf-8"))
+        spec = read_json(
+            path, "tokenizer file", error=TokenizerError, max_bytes=MAX_TOKENIZER_JSON_BYTES
+        )
+        if not isinstance(spec, dict):
+            raise TokenizerError(f"{path}: holds a JSON {type(spec).__name__}, not a tokenizer")
         vocab, merges, options = _hf_model(spec.get("model"), path)
         normalizer = None
         if spec.get("normalizer") is not None:
@@ -470,26 +490,32 @@ class BPETokenizer:
                 )
         pre = _hf_pre_tokenizer(spec.get("pre_tokenizer"), path)
         special = _hf_added_tokens(spec.get("added_tokens") or [], path)
-        config = _read_tokenizer_config(path.with_name("tokenizer_config.json"))
+        config_path = path.with_name("tokenizer_config.json")
+        config = _read_tokenizer_config(config_path)
         bos, eos, pad = (
             _token_id(config.get(k), vocab, special)
             for k in ("bos_token", "eos_token", "pad_token")
         )
         template_bos = _template_bos(spec.get("post_processor"), vocab, special)
         add_bos = config.get("add_bos_token", template_bos is not None)
-        template = config.get("chat_template")
+        template, template_file = config.get("chat_template"), config_path
         if template is None and path.with_name("chat_template.jinja").is_file():
-            template = path.with_name("chat_template.jinja").read_text(encoding="utf-8")
+            template_file = path.with_name("chat_template.jinja")
+            template = read_bytes_limited(
+                template_file, "chat template", max_bytes=MAX_JSON_BYTES, error=TokenizerError
+            ).decode("utf-8")
         if not (template is None or isinstance(template, str)):
             raise TokenizerError(
-                f"{path.with_name('tokenizer_config.json')}: chat_template must be one template "
+                f"{config_path}: chat_template must be one template "
                 "string (named templates are not supported)"
             )
-        return cls(
+        tokenizer = cls(
             vocab, merges, special_tokens=special, pre_tokenizer=pre,
             bos_id=bos if bos is not None else template_bos, eos_id=eos, pad_id=pad,
             add_bos=bool(add_bos), normalizer=normalizer, chat_template=template, **options,
         )  # fmt: skip
+        tokenizer.chat_template_file = str(template_file)  # named in template errors
+        return tokenizer
 
     @classmethod
     @_file_errors
@@ -530,7 +556,7 @@ class BPETokenizer:
             add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", default=False)),
             normalizer=GGUF_NORMALIZER.get(pre_name), unused_ids=unused,
             eot_id=gguf_field(reader, "tokenizer.ggml.eot_token_id", default=None),
-            chat_template=gguf_field(reader, "tokenizer.chat_template", default=None),
+            chat_template=_gguf_template(reader),
         )  # fmt: skip
 
     # ------------------------------------------------------------------ internals
@@ -787,8 +813,13 @@ def _hf_added_tokens(added: list[dict], path: Path) -> dict[str, int]:
 
 
 def _read_tokenizer_config(path: Path) -> dict:
-    """tokenizer_config.json next to tokenizer.json, or {} when absent."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    """tokenizer_config.json next to tokenizer.json, or {} when absent (errors name it)."""
+    if not path.exists():
+        return {}
+    config = read_json(path, "tokenizer config", error=TokenizerError)
+    if not isinstance(config, dict):
+        raise TokenizerError(f"{path}: holds a JSON {type(config).__name__}, not an object")
+    return config
 
 
 def _token_id(token, vocab: dict[str, int], special: dict[str, int]) -> int | None:
@@ -816,6 +847,16 @@ def _template_bos(post: dict | None, vocab: dict[str, int], special: dict[str, i
     if "SpecialToken" not in first:
         return None
     return _token_id(first["SpecialToken"]["id"], vocab, special)
+
+
+def _gguf_template(reader) -> str | None:
+    """tokenizer.chat_template, which must be a string when present."""
+    template = gguf_field(reader, "tokenizer.chat_template", default=None)
+    if not (template is None or isinstance(template, str)):
+        raise TokenizerError(
+            f"GGUF tokenizer.chat_template is a {type(template).__name__}, not a template string"
+        )
+    return template
 
 
 def gguf_field(reader, key: str, default=KeyError):
