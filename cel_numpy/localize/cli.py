@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from cel_numpy.errors import OptionError, PromptError
+from cel_numpy.limits import as_path
 from cel_numpy.localize.evaluate import BATCH_SIZE
 from cel_numpy.localize.ranking import TIE_BREAKS
 from cel_numpy.localize.routine import SCREENS
@@ -330,7 +331,7 @@ def check_model_name(spec: str) -> None:
                 "`cel-numpy theory --out DIR`)"
             )
         return
-    if not Path(spec).expanduser().exists():
+    if not as_path(spec, "--model").exists():
         raise OptionError(
             f"--model {spec!r} not found: give a known name ({', '.join(KNOWN_NAMES)}, theory, "
             "theory:PATH/params.npz), a Hugging Face folder, a .gguf or a .npz file"

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from cel_numpy.errors import ModelFileError, OptionError
+from cel_numpy.limits import as_path, read_json, require_regular_file
 from cel_numpy.models.config import ConfigError, ModelConfig
 from cel_numpy.models.weights import TensorHeader, build_params, check_tensors
 
@@ -66,6 +67,8 @@ def load_model(
         raise OptionError(f"dtype must be float32 or float64, got {dtype}")
     check = check_config or (lambda config: None)
     path = resolve_source(source)
+    if not path.is_dir():
+        require_regular_file(path, "model file")  # a FIFO would block the first read forever
     if path.is_dir():
         params, config, tokenizer = load_hf_folder(path, dtype, check)
     elif path.suffix == ".gguf":
@@ -91,7 +94,7 @@ def resolve_source(source) -> Path:
             return Path(fetch(source))
         except FetchError as err:
             raise FetchError(f"cannot fetch {source!r}: {err}") from None
-    path = Path(source).expanduser()
+    path = as_path(source, "the model (--model)")
     if not path.exists():
         raise OptionError(
             f"model {str(source)!r} not found: give a known name ({', '.join(KNOWN_NAMES)}), "
@@ -107,12 +110,7 @@ def read_hf_config(folder: Path) -> ModelConfig:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise ModelFileError(f"{folder}: no config.json (not a Hugging Face model folder)")
-    try:
-        hf = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ModelFileError(f"{cfg_path}: invalid JSON ({err}); download it again") from None
-    except RecursionError:
-        raise ModelFileError(f"{cfg_path}: JSON nested too deeply to be a model config") from None
+    hf = read_json(cfg_path, "model config", hint="download it again")
     try:
         return ModelConfig.from_hf_config(hf, name=str(folder))
     except ConfigError as err:
@@ -157,16 +155,16 @@ def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
     """Parse and check a safetensors header (no tensor data is read): name -> entry."""
     path = Path(path)
     hint = "the file is damaged or truncated: download it again"
-    size = path.stat().st_size
+    size = require_regular_file(path, "safetensors file")
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
             raise ModelFileError(f"{path}: {size} bytes, too short for a safetensors file; {hint}")
         (n,) = struct.unpack("<Q", prefix)
-        if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
-            raise ModelFileError(
-                f"{path}: the header claims {n} bytes but the file has {size - 8} after its "
-                f"length field: not a safetensors file, or {hint}"
+        if n > size - 8 or n > SAFETENSORS_MAX_HEADER:  # the number itself is not shown: it is
+            raise ModelFileError(  # whatever 8 bytes the file starts with (an HTML page, ...)
+                f"{path}: the header length field points past the end of the file ({size} "
+                f"bytes): not a safetensors file, or {hint}"
             )
         raw = f.read(n)
     try:
@@ -246,23 +244,20 @@ def safetensors_entries(folder: Path) -> dict[str, SafetensorsEntry]:
         return read_safetensors_header(single)
     if not index.is_file():
         raise ModelFileError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        shards = sorted(set(weight_map.values()))
-        assert all(isinstance(shard, str) for shard in shards)
-    except (
-        json.JSONDecodeError,
-        UnicodeDecodeError,
-        KeyError,
-        TypeError,
-        AssertionError,
-        AttributeError,
+    weight_map = read_json(index, "safetensors index")
+    if not (
+        isinstance(weight_map, dict)
+        and isinstance(weight_map.get("weight_map"), dict)
+        and all(isinstance(v, str) for v in weight_map["weight_map"].values())
     ):
         raise ModelFileError(
             f"{index}: not a safetensors index (JSON with a weight_map of file names)"
-        ) from None
+        )
+    weight_map = weight_map["weight_map"]
+    shards = sorted(set(weight_map.values()))
     entries: dict[str, SafetensorsEntry] = {}
     for shard in shards:
+        check_shard_name(index, shard)
         path = folder / shard
         if not path.is_file():
             raise ModelFileError(
@@ -277,6 +272,23 @@ def safetensors_entries(folder: Path) -> dict[str, SafetensorsEntry]:
                     )
                 entries[name] = found[name]
     return entries
+
+
+def check_shard_name(index: Path, shard: str) -> None:
+    """A shard named by an index must be a file name inside the model folder: no absolute path,
+    no `..`, no subfolder, no control characters (the index comes with the download)."""
+    parts = Path(shard).parts
+    if (
+        not shard
+        or Path(shard).is_absolute()
+        or len(parts) != 1
+        or parts[0] in (".", "..")
+        or any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in shard)
+    ):
+        raise ModelFileError(
+            f"{index}: lists shard {shard!r}, which is not a file name in the model folder "
+            "(shards must sit next to the index): the index is damaged or hostile"
+        )
 
 
 def load_hf_folder(

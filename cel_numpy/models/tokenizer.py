@@ -700,8 +700,11 @@ def _split_merge(line: str, where: str) -> tuple[str, str]:
 def _read_merges_txt(path: Path) -> list[tuple[str, str]]:
     """Merges from vocab.bpe / merges.txt: optional "#version" header, one "a b" per line."""
     merges = []
+    raw = read_bytes_limited(
+        path, "merges file", max_bytes=MAX_TOKENIZER_JSON_BYTES, error=TokenizerError
+    )
     try:
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise TokenizerError(f"{path}: not UTF-8 text ({err})") from None
     for number, line in enumerate(text.split("\n")):
