@@ -300,8 +300,8 @@ CASES = [
                 )
             ),
         ],
-        r"model\.safetensors: the header claims 1000000000 bytes but the file has \d+ after its "
-        r"length field",
+        r"model\.safetensors: the header length field points past the end of the file \(\d+ "
+        r"bytes\): not a safetensors file",
     ),
     Case(
         "safetensors-garbage-header",
@@ -328,8 +328,8 @@ CASES = [
                 )
             ),
         ],
-        r"model\.safetensors: the header claims \d+ bytes but the file has \d+ after its length "
-        r"field: not a safetensors",
+        r"model\.safetensors: the header length field points past the end of the file \(\d+ "
+        r"bytes\): not a safetensors file",
     ),
     Case(
         "wrong-dtype",
@@ -514,7 +514,7 @@ CASES = [
             "--model",
             str(_truncate(with_tokenizer(copy_fixture(t, "tiny_gpt2")), "vocab.json", 0.5)),
         ],
-        r"vocab\.json: malformed tokenizer file \(JSONDecodeError: ",
+        r"vocab\.json: invalid JSON \(",
     ),
     Case(
         "gguf-truncated-header",

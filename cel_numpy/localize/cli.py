@@ -344,6 +344,7 @@ def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> None:
     for name, items in panels.items():
         for it in items:
             text = it.prompt + max(it.choices, key=len, default="")
+            model.check_text_length(text, f"a prompt of task {it.task!r} ({name} panel)")
             n = len(model.encode(text)) + max_new_tokens.get(name, 0)
             if n > n_ctx:
                 raise PromptError(

@@ -354,7 +354,9 @@ def _filename(tensor) -> str:
     return base.filename
 
 
-def load_gguf(path: Path, dtype, check_config=lambda config: None):
+def load_gguf(
+    path: Path, dtype, check_config=lambda config: None, check_tokenizer=lambda t, config: None
+):
     """GGUF file -> (params, config, tokenizer or None).
 
     Header first (config, tensor shapes and offsets, tokenizer), then the reader and its ~250k
@@ -369,6 +371,7 @@ def load_gguf(path: Path, dtype, check_config=lambda config: None):
         from cel_numpy.models.tokenizer import BPETokenizer
 
         tokenizer = BPETokenizer.from_gguf_fields(reader)
+    check_tokenizer(tokenizer, config)
     infos = {t.name: TensorInfo.of(t) for t in reader.tensors}
     del reader
 

@@ -49,13 +49,19 @@ KNOWN_NAMES = ("smollm2", "qwen2.5-coder-0.5b")  # names load_model fetches (cel
 
 
 def load_model(
-    source, *, dtype=np.float32, check_config: Callable[[ModelConfig], None] | None = None
+    source,
+    *,
+    dtype=np.float32,
+    check_config: Callable[[ModelConfig], None] | None = None,
+    check_tokenizer: Callable[[object, ModelConfig], None] | None = None,
 ):
     """Load a Model from a known name ("smollm2"), a HF folder, a .gguf or a .npz file.
 
     dtype: np.float32 (default, inference) or np.float64 (parity checks, gradients).
     check_config(config), if given, runs once the configuration is known and before any weight
     is read: options that depend on the model (head specs, prompt lengths) fail there, cheaply.
+    check_tokenizer(tokenizer or None, config), if given, runs once the tokenizer is loaded and
+    before any weight is read: a prompt too long for the context fails there.
     """
     from cel_numpy.models.model import Model
 
@@ -66,17 +72,18 @@ def load_model(
     if dtype not in (np.float32, np.float64):
         raise OptionError(f"dtype must be float32 or float64, got {dtype}")
     check = check_config or (lambda config: None)
+    check_tok = check_tokenizer or (lambda tokenizer, config: None)
     path = resolve_source(source)
     if not path.is_dir():
         require_regular_file(path, "model file")  # a FIFO would block the first read forever
     if path.is_dir():
-        params, config, tokenizer = load_hf_folder(path, dtype, check)
+        params, config, tokenizer = load_hf_folder(path, dtype, check, check_tok)
     elif path.suffix == ".gguf":
         from cel_numpy.models.gguf_loader import load_gguf
 
-        params, config, tokenizer = load_gguf(path, dtype, check)
+        params, config, tokenizer = load_gguf(path, dtype, check, check_tok)
     elif path.suffix == ".npz":
-        params, config, tokenizer = load_npz(path, dtype, check)
+        params, config, tokenizer = load_npz(path, dtype, check, check_tok)
     else:
         raise ModelFileError(
             f"{path}: don't know how to load this file: expected a Hugging Face folder, "
@@ -292,7 +299,10 @@ def check_shard_name(index: Path, shard: str) -> None:
 
 
 def load_hf_folder(
-    folder: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None
+    folder: Path,
+    dtype,
+    check_config: Callable[[ModelConfig], None] = lambda config: None,
+    check_tokenizer=lambda tokenizer, config: None,
 ):
     """HF folder -> (params, config, tokenizer or None). Headers are checked before any read."""
     config = read_hf_config(folder)
@@ -305,9 +315,8 @@ def load_hf_folder(
     )
     where = str(folder)
     check_tensors(config, "hf", {k: e.header for k, e in entries.items()}, where, prefix)
-    tokenizer = load_folder_tokenizer(
-        folder
-    )  # a broken tokenizer file fails before the weights load
+    tokenizer = load_folder_tokenizer(folder)  # a broken tokenizer fails before the weights
+    check_tokenizer(tokenizer, config)
     handles: dict[Path, object] = {}
 
     def read(name: str) -> np.ndarray:
@@ -405,7 +414,12 @@ def _npz_headers(archive, path: Path) -> dict[str, TensorHeader]:
     return headers
 
 
-def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None):
+def load_npz(
+    path: Path,
+    dtype,
+    check_config: Callable[[ModelConfig], None] = lambda config: None,
+    check_tokenizer=lambda tokenizer, config: None,
+):
     """The export of scripts/export_gpt2_npz.py -> (params, config, tokenizer or None).
 
     A tokenizer is picked up from OUT_STEM.vocab.json + OUT_STEM.merges.txt next to the file.
@@ -441,6 +455,8 @@ def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = la
         check_config(config)
         del headers["config_json"]
         check_tensors(config, "npz", headers, str(path))
+        tokenizer = _npz_tokenizer(path)
+        check_tokenizer(tokenizer, config)
 
         def read(name: str) -> np.ndarray:
             try:
@@ -451,13 +467,17 @@ def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = la
                 ) from None
 
         params = build_params(config, "npz", read, dtype, str(path))
-    tokenizer = None
+    return params, config, tokenizer
+
+
+def _npz_tokenizer(path: Path):
+    """STEM.vocab.json + STEM.merges.txt next to an .npz export, or None."""
     vocab, merges = (
         path.with_name(f"{path.stem}.vocab.json"),
         path.with_name(f"{path.stem}.merges.txt"),
     )
-    if vocab.is_file() and merges.is_file():
-        from cel_numpy.models.tokenizer import BPETokenizer
+    if not (vocab.is_file() and merges.is_file()):
+        return None
+    from cel_numpy.models.tokenizer import BPETokenizer
 
-        tokenizer = BPETokenizer.from_vocab_merges(vocab, merges)
-    return params, config, tokenizer
+    return BPETokenizer.from_vocab_merges(vocab, merges)

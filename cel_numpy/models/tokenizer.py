@@ -314,6 +314,7 @@ class BPETokenizer:
         self._id_bytes = [_token_bytes(t) if t is not None else b"" for t in self._id_to_token]
         for content, idx in self._special.items():
             self._id_bytes[idx] = content.encode("utf-8")
+        self.max_token_bytes = max(1, max(map(len, self._id_bytes), default=1))
         self._special_re = _alternation(self._special)
         self.missing_bytes = self._check_byte_alphabet()
         self._missing_chars = frozenset(bytes_to_unicode()[b] for b in self.missing_bytes)
@@ -624,11 +625,93 @@ class BPETokenizer:
                 )
 
 
+HEAP_MERGE_FROM = 64  # characters: longer words merge with a heap, O(n log n)
+
+
+def token_lower_bound(tokenizer, text: str) -> int:
+    """A number of tokens `text` needs at least, from its length alone (no encoding): 0 when the
+    tokenizer cannot say (no `max_token_bytes`).
+
+    Every token covers at most `max_token_bytes` bytes of UTF-8, bytes without a token (dropped)
+    cover none, and NFC normalization shrinks text by at most 3x (a Hangul syllable from three
+    jamo). A text whose bound exceeds the context is refused before it is encoded.
+    """
+    longest = getattr(tokenizer, "max_token_bytes", None)
+    if not longest or not isinstance(text, str):
+        return 0
+    data = text.encode("utf-8", "surrogatepass")
+    missing = bytes(getattr(tokenizer, "missing_bytes", ()))
+    if missing:
+        data = data.translate(None, missing)
+    shrink = 3 if getattr(tokenizer, "normalizer", None) else 1
+    return -(-len(data) // (longest * shrink))
+
+
 def bpe_merge(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     """Split `word` into characters, then repeatedly merge the adjacent pair of lowest rank.
 
-    All occurrences of the chosen pair are merged left to right (GPT-2's encoder.py).
+    All occurrences of the chosen pair are merged left to right (GPT-2's encoder.py). Short words
+    use that loop as written (`bpe_merge_simple`); from HEAP_MERGE_FROM characters on,
+    `bpe_merge_heap` gives the same parts in O(n log n) instead of O(n^2) (a 100 kB word of one
+    letter would otherwise take minutes).
     """
+    if len(word) >= HEAP_MERGE_FROM:
+        return bpe_merge_heap(word, ranks)
+    return bpe_merge_simple(word, ranks)
+
+
+def bpe_merge_heap(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """`bpe_merge_simple`'s result through a heap of (rank, position) over a linked list.
+
+    Each round takes every queued occurrence of the lowest-ranked pair (one pair per rank) and
+    merges them left to right, skipping an occurrence whose symbols changed (the second of
+    "a a a"); the pairs a round creates are queued for later rounds, as GPT-2 rescans after
+    each full pass. Stale queue entries are skipped when popped.
+    """
+    import heapq
+
+    symbols = list(word)
+    n = len(symbols)
+    nxt = list(range(1, n)) + [-1]
+    prv = list(range(-1, n - 1))
+    alive = [True] * n
+    heap = []
+    for i in range(n - 1):
+        rank = ranks.get((symbols[i], symbols[i + 1]))
+        if rank is not None:
+            heap.append((rank, i, symbols[i], symbols[i + 1]))
+    heapq.heapify(heap)
+
+    def queue(i: int) -> None:
+        j = nxt[i]
+        if i >= 0 and j >= 0:
+            rank = ranks.get((symbols[i], symbols[j]))
+            if rank is not None:
+                heapq.heappush(heap, (rank, i, symbols[i], symbols[j]))
+
+    while heap:
+        rank = heap[0][0]
+        round_ = []
+        while heap and heap[0][0] == rank:
+            round_.append(heapq.heappop(heap))
+        for _, i, left, right in round_:  # ascending positions: left to right
+            j = nxt[i]
+            if not alive[i] or j < 0 or symbols[i] != left or symbols[j] != right:
+                continue
+            symbols[i] = left + right
+            alive[j] = False
+            nxt[i] = nxt[j]
+            if nxt[j] >= 0:
+                prv[nxt[j]] = i
+        for _, i, _, _ in round_:  # the pairs around each merged symbol, for later rounds
+            if alive[i]:
+                queue(prv[i])
+                queue(i)
+    return [symbols[i] for i in range(n) if alive[i]]
+
+
+def bpe_merge_simple(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """GPT-2's merge loop as written: O(n) per merge, O(n^2) per word."""
     parts = list(word)
     while len(parts) > 1:
         best_rank, best_pair = None, None
