@@ -209,7 +209,8 @@ def encode_before_weights(texts: list[tuple[str, str, int]], encoded: dict[str, 
         if tokenizer is None:
             return  # Model.encode says so once the model is built
         for text, what, extra in texts:
-            check_text_fits(tokenizer, text, config.n_ctx - extra, what)
+            why = f"that the context of {config.n_ctx} leaves with --max-new-tokens {extra}"
+            check_text_fits(tokenizer, text, config.n_ctx - extra, what, why if extra else "")
             encoded[text] = tokenizer.encode(text)
             check_prompt(encoded[text], extra, config.n_ctx, what)
 

@@ -115,7 +115,7 @@ def resolve_source(source) -> Path:
 
 def read_hf_config(folder: Path) -> ModelConfig:
     cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
+    if not cfg_path.exists():  # a FIFO or a device is refused by read_json, never opened
         raise ModelFileError(f"{folder}: no config.json (not a Hugging Face model folder)")
     hf = read_json(cfg_path, "model config", hint="download it again")
     try:
@@ -247,9 +247,9 @@ def safetensors_entries(folder: Path) -> dict[str, SafetensorsEntry]:
     """Tensor name -> checked entry, from model.safetensors or a sharded index."""
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
-    if single.is_file():
+    if single.exists():  # a FIFO or a device is refused by read_safetensors_header
         return read_safetensors_header(single)
-    if not index.is_file():
+    if not index.exists():
         raise ModelFileError(f"{folder}: no model.safetensors or model.safetensors.index.json")
     weight_map = read_json(index, "safetensors index")
     if not (

@@ -50,16 +50,18 @@ from cel_numpy.ops import finite_argmax
 ABLATIONS = ("zero", "mean")
 
 
-def check_text_fits(tokenizer, text, n_tokens: int, what: str = "the text") -> None:
+def check_text_fits(tokenizer, text, n_tokens: int, what: str = "the text", why: str = "") -> None:
     """PromptError when `text` needs more than n_tokens tokens by its length alone (checked
-    without encoding it; see tokenizer.token_lower_bound)."""
+    without encoding it; see tokenizer.token_lower_bound). why: where n_tokens comes from,
+    default the model's context."""
     from cel_numpy.models.tokenizer import token_lower_bound
 
     bound = token_lower_bound(tokenizer, text)
+    why = why or "of the model's context"
     if bound > n_tokens:
         raise PromptError(
             f"{what} is {len(text):,} characters, at least {bound:,} tokens: more than the "
-            f"model's context of {n_tokens:,} tokens: shorten it"
+            f"{n_tokens:,} tokens {why}: shorten it"
         )
 
 
