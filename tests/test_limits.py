@@ -23,6 +23,7 @@ from helpers import (
     planted_model,
     run_cli,
     smollm2_mix,
+    tiny_chat_model,
     with_tokenizer,
     write_tiny_gguf,
 )
@@ -123,39 +124,15 @@ def test_the_limits_leave_real_templates_alone():
 
 
 def test_a_template_failure_on_the_command_line_is_one_line_exit_2(tmp_path):
-    folder = chat_model(tmp_path, "{{ raise_exception('no \x1b]52;c;aGk=\x07 way') }}")
+    folder = tiny_chat_model(tmp_path, "{{ raise_exception('no \x1b]52;c;aGk=\x07 way') }}")
     status, err = run_cli(["test-heads", *chat_argv(folder, tmp_path / "run")])
     assert status == 2, err
     line = one_clean_line(err)
     assert "tokenizer_config.json: the chat template refused this conversation: no" in line
     assert "\\x1b]52;c;aGk=\\x07 way" in line  # the escape sequence shown, not sent
-    folder = chat_model(tmp_path / "b", "{{ 10 ** (10 ** 9) }}")
+    folder = tiny_chat_model(tmp_path / "b", "{{ 10 ** (10 ** 9) }}")
     status, err = run_cli(["test-heads", *chat_argv(folder, tmp_path / "run2")])
     assert status == 2 and "over a limit" in one_clean_line(err), err
-
-
-def chat_model(tmp: Path, template: str, n_ctx: int = 1024) -> Path:
-    """tiny_llama with a tokenizer.json (printable ASCII and the merge " t"), `template` as its
-    chat template, and a context of n_ctx tokens (rotary: no weight depends on it)."""
-    from cel_numpy.models.tokenizer import bytes_to_unicode
-
-    tmp.mkdir(parents=True, exist_ok=True)
-    folder = copy_fixture(tmp, "tiny_llama")
-    config = json.loads((folder / "config.json").read_text())
-    config["max_position_embeddings"] = n_ctx
-    (folder / "config.json").write_text(json.dumps(config))
-    b2u = bytes_to_unicode()
-    vocab = {b2u[b]: b - 32 for b in range(32, 127)}
-    vocab[b2u[32] + "t"] = 95
-    spec = {
-        "model": {"type": "BPE", "vocab": vocab, "merges": [f"{b2u[32]} t"]},
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
-        "added_tokens": [],
-    }
-    (folder / "tokenizer.json").write_text(json.dumps(spec))
-    config = {"chat_template": template, "eos_token": "~"}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return folder
 
 
 def chat_argv(folder: Path, out: Path) -> list[str]:
@@ -290,7 +267,7 @@ def test_batch_size_is_priced_against_memory(tmp_path):
     from cel_numpy.localize.cli import check_batch_memory
     from cel_numpy.models.config import ModelConfig
 
-    folder = chat_model(tmp_path, "x")
+    folder = tiny_chat_model(tmp_path, "x")
     base = ["--model", str(folder), "--heads", "L0H0", "--task", "capitals", "--heldout", "4"]
     status, err = run_cli(
         [
@@ -443,7 +420,7 @@ def test_long_text_is_refused_by_its_length_before_encoding_and_before_the_weigh
     status, err = run_cli(["generate", "--model", str(folder), "x" * 60])  # 60 + 16 new > 64
     line = one_clean_line(err)
     assert status == 2 and "is 60 characters, at least 60 tokens: more than the 48" in line
-    folder = chat_model(tmp_path / "merges", "x", n_ctx=64)  # " t" is one token of 2 bytes
+    folder = tiny_chat_model(tmp_path / "merges", "x", n_ctx=64)  # " t" is one token of 2 bytes
     status, err = run_cli(["generate", "--model", str(folder), " t" * 30 + "x" * 20])
     line = one_clean_line(err)
     assert status == 2 and "the prompt is 50 tokens; with --max-new-tokens 16" in line, line
@@ -695,7 +672,7 @@ def test_gguf_tensors_must_be_aligned_and_apart(tmp_path, move, said):
 
 
 def test_an_empty_added_token_is_refused(tmp_path):
-    folder = chat_model(tmp_path, "x")
+    folder = tiny_chat_model(tmp_path, "x")
     spec = json.loads((folder / "tokenizer.json").read_text())
     for content in ("", "x"):
         spec["added_tokens"] = [{"id": 95, "content": content, "special": True}]
@@ -806,7 +783,7 @@ def test_an_empty_model_path_is_refused(tmp_path, command):
 
 
 def test_a_bad_tokenizer_config_is_named_as_itself(tmp_path):
-    folder = chat_model(tmp_path, "x")
+    folder = tiny_chat_model(tmp_path, "x")
     for text in ('{"chat_template": ', "[1]", "\xff"):
         (folder / "tokenizer_config.json").write_text(text, encoding="latin-1")
         status, err = run_cli(["inspect", "--model", str(folder)])
