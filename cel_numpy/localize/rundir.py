@@ -79,7 +79,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cel_numpy.errors import RunDirError
-from cel_numpy.limits import MAX_JSON_BYTES, read_bytes_limited, read_json, require_regular_file
+from cel_numpy.limits import (
+    MAX_JSON_BYTES,
+    read_bytes_limited,
+    read_json,
+    require_regular_file,
+    safe_for_terminal,
+)
 from cel_numpy.localize.conditions import Condition, ExampleResult, normalize_condition
 from cel_numpy.models.fetch import sha256_file
 from cel_numpy.tasks.base import Item
@@ -205,7 +211,9 @@ class Lock:
 
     def __init__(self, run_dir: Path, note=None):
         self.path = Path(run_dir) / "lock"
-        self.note = note or (lambda msg: print(f"cel-numpy: {msg}", file=sys.stderr, flush=True))
+        self.note = note or (  # the lock file's host name is text from a file: escaped
+            lambda msg: print(f"cel-numpy: {safe_for_terminal(msg)}", file=sys.stderr, flush=True)
+        )
         self.fd: int | None = None
 
     def __enter__(self):
