@@ -12,10 +12,11 @@ Deterministic: every random draw comes after torch.manual_seed(seed of that mode
 torch 2.13.0, transformers 5.24.0, tokenizers 0.23.3.
 
 Outputs:
-  tiny_gpt2/, tiny_llama/, tiny_llama_tied/, tiny_qwen2/
+  tiny_gpt2/, tiny_llama/, tiny_llama_tied/, tiny_qwen2/, tiny_gemma3/
       Hugging Face folders (config.json, generation_config.json, model.safetensors; float32) of
       randomly initialised GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM (Q/K/V biases,
-      4 query heads over 2 kv heads, rope base 1e6, untied unembedding). Weights are drawn wider
+      4 query heads over 2 kv heads, rope base 1e6, untied unembedding) / Gemma3ForCausalLM
+      (see gemma3_config: sliding and global layers, q/k and sandwich norms; `--only gemma3`). Weights are drawn wider
       than the default init (matrices N(0, 0.2^2), norm gains 1 + 0.1 N, biases 0.1 N) so the
       logits are far from zero and a wrong forward cannot pass by accident.
   <name>_reference.npz, float64 outputs of the saved float32 weights cast to float64:
@@ -86,6 +87,8 @@ import torch
 import transformers
 from tokenizers import ByteLevelBPETokenizer
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -93,6 +96,7 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen2 import modeling_qwen2
 
@@ -181,12 +185,42 @@ def qwen2_config() -> Qwen2Config:
     )
 
 
+def gemma3_config() -> Gemma3TextConfig:
+    """Gemma 3's pieces at toy size: sliding layers 0 and 2 with a window of 3 keys (shorter
+    than the 7-token rows) and rotary base 1e4, a global layer 1 with base 1e6, q/k norms,
+    sandwich norms, gated GELU, sqrt(D) embedding scale, a query scale (6) that is not the head
+    size (8), GQA 4 over 2, tied unembedding."""
+    return Gemma3TextConfig(
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        head_dim=8,
+        intermediate_size=48,
+        vocab_size=VOCAB,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+        query_pre_attn_scalar=6,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+        tie_word_embeddings=True,
+        pad_token_id=PAD_ID,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+
+
 MODELS = {
     # name: (model class, config factory, seed, o_proj attribute path inside one layer)
     "tiny_gpt2": (GPT2LMHeadModel, gpt2_config, 0, "attn.c_proj"),
     "tiny_llama": (LlamaForCausalLM, llama_config, 1, "self_attn.o_proj"),
     "tiny_llama_tied": (LlamaForCausalLM, llama_tied_config, 2, "self_attn.o_proj"),
     "tiny_qwen2": (Qwen2ForCausalLM, qwen2_config, 3, "self_attn.o_proj"),
+    "tiny_gemma3": (Gemma3ForCausalLM, gemma3_config, 4, "self_attn.o_proj"),
 }
 
 
@@ -266,10 +300,46 @@ def llama_float64_numerics():
         yield
 
 
+def _gemma3_rmsnorm_same_dtype(self, x):
+    """Gemma3RMSNorm without the float32 round trip: x / sqrt(mean(x^2) + eps) * (1 + w)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
+def _gemma3_rotary_float64(self, x, position_ids, layer_type):
+    """Gemma3RotaryEmbedding with inv_freq and angles in float64, per layer type's base."""
+    params = self.config.rope_parameters[layer_type]
+    assert params["rope_type"] == "default", f"only default rope is patched, got {params}"
+    dim = _head_dim(self.config)
+    inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq  # (B,T,E/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B,T,E)
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def _gemma3_embedding_exact_scale(self, input_ids):
+    """Gemma3TextScaledWordEmbedding times the Python float sqrt(D) (HF: a float32 buffer)."""
+    return torch.nn.Embedding.forward(self, input_ids) * self.scalar_embed_scale
+
+
+@contextlib.contextmanager
+def gemma3_float64_numerics():
+    """Gemma 3's float32 pieces in float64: the norms, rotary, softmax and the embedding scale."""
+    embedding = modeling_gemma3.Gemma3TextScaledWordEmbedding
+    with (
+        mock.patch.object(modeling_gemma3.Gemma3RMSNorm, "forward", _gemma3_rmsnorm_same_dtype),
+        mock.patch.object(modeling_gemma3.Gemma3RotaryEmbedding, "forward", _gemma3_rotary_float64),
+        mock.patch.object(modeling_gemma3, "eager_attention_forward", _eager_attention_same_dtype),
+        mock.patch.object(embedding, "forward", _gemma3_embedding_exact_scale),
+    ):
+        yield
+
+
 def float64_numerics(model):
     """The float64 patches for the Llama-like families; GPT-2 needs none."""
     if model.config.model_type in ("llama", "qwen2"):
         return llama_float64_numerics()
+    if model.config.model_type == "gemma3_text":
+        return gemma3_float64_numerics()
     return contextlib.nullcontext()
 
 
@@ -959,7 +1029,7 @@ def main(argv: list) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["grads", "qwen2", "qwen2-real"],
+        choices=["grads", "qwen2", "qwen2-real", "gemma3"],
         help="grads: rewrite only <name>_grads.npz from the committed model folders; "
         "qwen2: write only tiny_qwen2/ and its reference and gradient files; qwen2-real: "
         "the tokenizer, chat-template and golden-logit references of the real GGUF files",
@@ -975,6 +1045,11 @@ def main(argv: list) -> None:
 
     if args.only == "qwen2-real":
         write_qwen2_real_fixtures()
+        return
+    if args.only == "gemma3":
+        write_model_fixture("tiny_gemma3")
+        write_gradient_fixture("tiny_gemma3")
+        check_sizes()
         return
     if args.only == "qwen2":
         write_model_fixture("tiny_qwen2")

@@ -503,7 +503,8 @@ class BPETokenizer:
         model = gguf_field(reader, "tokenizer.ggml.model")
         if model != "gpt2":
             raise TokenizerError(
-                f"GGUF tokenizer.ggml.model is {model!r}; only 'gpt2' (byte-level BPE) is supported"
+                f"GGUF tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE) and "
+                "'llama' (SentencePiece with byte fallback, without a space prefix)"
             )
         pre_name = gguf_field(
             reader, "tokenizer.ggml.pre", default="gpt2"
@@ -816,6 +817,20 @@ def _template_bos(post: dict | None, vocab: dict[str, int], special: dict[str, i
     if "SpecialToken" not in first:
         return None
     return _token_id(first["SpecialToken"]["id"], vocab, special)
+
+
+def tokenizer_from_gguf(reader):
+    """The tokenizer a GGUF file describes: byte-level BPE (tokenizer model 'gpt2') or
+    SentencePiece-style BPE with byte fallback (model 'llama', Gemma: `sentencepiece.py`)."""
+    try:
+        model = gguf_field(reader, "tokenizer.ggml.model", default="gpt2")
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
+        model = None  # a damaged field: the constructor names the file and the problem
+    if model == "llama":
+        from cel_numpy.models.sentencepiece import SentencePieceTokenizer
+
+        return SentencePieceTokenizer.from_gguf_fields(reader)
+    return BPETokenizer.from_gguf_fields(reader)
 
 
 def gguf_field(reader, key: str, default=KeyError):
