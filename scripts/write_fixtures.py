@@ -16,7 +16,8 @@ Outputs:
       Hugging Face folders (config.json, generation_config.json, model.safetensors; float32) of
       randomly initialised GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM (Q/K/V biases,
       4 query heads over 2 kv heads, rope base 1e6, untied unembedding) / Gemma3ForCausalLM
-      (see gemma3_config: sliding and global layers, q/k and sandwich norms; `--only gemma3`). Weights are drawn wider
+      (see gemma3_config: sliding and global layers, q/k and sandwich norms; `--only gemma3`).
+      Weights are drawn wider
       than the default init (matrices N(0, 0.2^2), norm gains 1 + 0.1 N, biases 0.1 N) so the
       logits are far from zero and a wrong forward cannot pass by accident.
   <name>_reference.npz, float64 outputs of the saved float32 weights cast to float64:
@@ -1001,6 +1002,132 @@ def write_qwen2_real_fixtures() -> None:
     write_qwen2_golden_fixture(qwen)
 
 
+# ---------------------------------------------------------------- Gemma 3 270M GGUF references
+
+GEMMA3_EXTRA_CORPUS = [
+    "The capital of Japan is",
+    "Hello  world   with    runs     of      spaces",
+    "  two leading, three trailing   ",
+    "\t\ttabs\t and\n\nnewlines\n\n\n\n and both \n \t \n",
+    "1234567890 0.5 -17 3,000,000 1e-9 0x7fff 2024-06-01 48 plus 76 = 124",
+    "emoji 🤖🎉👍🏽 🇯🇵 ❤️ 🫠 and a ZWJ family 👩‍👩‍👧‍👦",
+    "byte fallback: \ue000\uf8ff \U000f0000 \U00050000 \x00\x01\x7f \u0378",
+    "Ελληνικά, русский язык, עברית, العربية, हिन्दी, ภาษาไทย, 한국어, 日本語, 中文",
+    "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n",
+    "<bos><eos><pad><unk><mask>[multimodal]<unused0><start_of_image><end_of_image>",
+    "<start_of_turn <end_of_turn <start_of_turn> x <unused99> <unused6241>",
+    "<table><tr><td>cell</td></tr></table> <h1>title</h1> <br/>",
+    "Question: What is 48 plus 76?\nAnswer: 124\n\nQuestion: What is 5 times 7?\nAnswer:",
+    "Country: France\nCapital: Paris\n\nCountry: Japan\nCapital:",
+    "hot -> cold\nbig -> small\nup ->",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa ▁▁▁ ▁x x▁",
+]
+
+# A prompt longer than the 512-key sliding window, so the local layers' window cuts.
+GEMMA3_LONG_PROMPT = (
+    " ".join(
+        f"Item {i}: the {w} of {c} is remembered."
+        for i, (w, c) in enumerate(
+            [("river", "Egypt"), ("mountain", "Nepal"), ("lake", "Chile"), ("desert", "Chad")] * 30
+        )
+    )
+    + " The first item was about the river of"
+)
+GEMMA3_GOLDEN_PROMPTS = [
+    "The capital of Japan is",
+    "Country: France\nCapital: Paris\n\nCountry: Italy\nCapital: Rome\n\nCountry: Kenya\nCapital:",
+    "hot -> cold\nbig -> small\nfast ->",
+    GEMMA3_LONG_PROMPT,
+]
+GEMMA3_GREEDY_TOKENS = 8
+
+
+def write_gemma3_tokenizer_fixture(path: Path) -> None:
+    """Ids of a corpus under transformers' tokenizer read from the Gemma 3 GGUF."""
+    import random
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from write_tokenizer_fixture_smollm2 import CORPUS, N_RANDOM, POOL
+
+    hf = _hf_gguf_tokenizer(path)
+    rng = random.Random(20251203)
+    pool = POOL + ["  ", "   ", "\n\n", "\t\t", "<start_of_turn>", "<end_of_turn>", "🤖", "\ue000"]
+    randoms = [
+        "".join(rng.choice(pool) for _ in range(rng.randint(1, 80))) for _ in range(2 * N_RANDOM)
+    ]
+    cases = []
+    for text in CORPUS + GEMMA3_EXTRA_CORPUS + [GEMMA3_LONG_PROMPT] + randoms:
+        ids = hf.encode(text, add_special_tokens=False)
+        cases.append(
+            {"text": text, "ids": ids, "decoded": hf.decode(ids, skip_special_tokens=False)}
+        )
+    with_bos = hf.encode("The capital of Japan is")
+    assert with_bos[0] == hf.bos_token_id == 2, f"transformers adds <bos>: {with_bos}"
+    out = FIXTURES / "gemma3_tokenizer_reference.json"
+    fixture = {
+        "description": "Gemma 3 270M GGUF tokenizer: ids of transformers' tokenizer read from the "
+        "GGUF (AutoTokenizer.from_pretrained(folder, gguf_file=...), encode with "
+        "add_special_tokens=False); written by scripts/write_fixtures.py --only gemma3-real",
+        "gguf_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "tokenizers_version": tokenizers.__version__,
+        "transformers_version": transformers.__version__,
+        "cases": cases,
+    }
+    out.write_text(json.dumps(fixture, ensure_ascii=True, indent=1) + "\n", encoding="utf-8")
+    print(f"{out.name}: {len(cases)} cases")
+
+
+def write_gemma3_golden_fixture(path: Path) -> None:
+    """transformers reads the Gemma 3 GGUF (dequantized by gguf, float32): ids, last-position
+    logits and a short greedy continuation per prompt."""
+    hf_tok = _hf_gguf_tokenizer(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    cfg = model.config
+    print(
+        f"{type(model).__name__}: layer_types {cfg.layer_types}, window {cfg.sliding_window}, "
+        f"rope {cfg.rope_parameters}, query_pre_attn_scalar {cfg.query_pre_attn_scalar}"
+    )
+    V = cfg.vocab_size
+    sample = np.random.default_rng(7).choice(V, size=GOLDEN_SAMPLE, replace=False)
+    out = {}
+    for i, text in enumerate(GEMMA3_GOLDEN_PROMPTS):
+        ids = hf_tok.encode(text)  # with <bos>, as the model was trained
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double().numpy()  # (V,)
+            greedy = model.generate(
+                torch.tensor([ids]), max_new_tokens=GEMMA3_GREEDY_TOKENS, do_sample=False
+            )[0, len(ids) :].tolist()
+        top = np.argsort(-logits)[:GOLDEN_TOP]
+        out[f"text_{i}"] = np.array(text)
+        out[f"ids_{i}"] = np.array(ids, dtype=np.int64)
+        out[f"top_ids_{i}"] = top.astype(np.int64)
+        out[f"top_logits_{i}"] = logits[top].astype(np.float32)
+        out[f"sample_logits_{i}"] = logits[sample].astype(np.float32)
+        out[f"logsumexp_{i}"] = np.float64(
+            np.log(np.exp(logits - logits.max()).sum()) + logits.max()
+        )
+        out[f"greedy_{i}"] = np.array(greedy, dtype=np.int64)
+        print(
+            f"golden {i}: {len(ids)} ids, top-1 {hf_tok.decode([int(top[0])])!r}, "
+            f"greedy {hf_tok.decode(greedy)!r}"
+        )
+    np.savez_compressed(
+        FIXTURES / "gemma3_golden.npz",
+        sample_ids=sample.astype(np.int64),
+        gguf_sha256=np.array(hashlib.sha256(path.read_bytes()).hexdigest()),
+        transformers_version=np.array(transformers.__version__),
+        **out,
+    )
+
+
+def write_gemma3_real_fixtures() -> None:
+    gemma = _cached_gguf("gemma-3-270m")
+    write_gemma3_tokenizer_fixture(gemma)
+    write_gemma3_golden_fixture(gemma)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -1029,7 +1156,7 @@ def main(argv: list) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["grads", "qwen2", "qwen2-real", "gemma3"],
+        choices=["grads", "qwen2", "qwen2-real", "gemma3", "gemma3-real"],
         help="grads: rewrite only <name>_grads.npz from the committed model folders; "
         "qwen2: write only tiny_qwen2/ and its reference and gradient files; qwen2-real: "
         "the tokenizer, chat-template and golden-logit references of the real GGUF files",
@@ -1045,6 +1172,9 @@ def main(argv: list) -> None:
 
     if args.only == "qwen2-real":
         write_qwen2_real_fixtures()
+        return
+    if args.only == "gemma3-real":
+        write_gemma3_real_fixtures()
         return
     if args.only == "gemma3":
         write_model_fixture("tiny_gemma3")

@@ -141,7 +141,8 @@ def test_unknown_name_lists_known_names():
         fetch("gpt-5")
     message = str(info.value)
     assert message == (
-        "unknown name 'gpt-5'; known names: gemma-3-270m, gpt2-tokenizer, qwen2.5-coder-0.5b, smollm2"
+        "unknown name 'gpt-5'; known names: gemma-3-270m, gpt2-tokenizer, qwen2.5-coder-0.5b, "
+        "smollm2"
     ), message
 
 
@@ -298,9 +299,7 @@ def test_a_symlinked_cache_file_is_refused(temp_cache, tmp_path, monkeypatch):
     assert other.read_bytes() == b"keep me"
 
 
-def test_joined_entry_prints_its_licence_notice_before_downloading(
-    temp_cache, monkeypatch, capsys
-):
+def test_joined_entry_prints_its_licence_notice_before_downloading(temp_cache, monkeypatch, capsys):
     parts = [b"a" * 10, b"b" * 10]
     entry = dataclasses.replace(_joined_entry(parts), notice="terms: you accept them")
     monkeypatch.setitem(KNOWN, "joined", entry)

@@ -181,7 +181,8 @@ class SentencePieceTokenizer:
         """From the tokenizer.ggml.* fields of a GGUF file whose tokenizer model is 'llama'.
 
         Whitespace-only tokens with a space (GGUF spells Gemma's space runs with real spaces)
-        are respelled with one "▁" per character and merged like any token; the other USER_DEFINED tokens and all CONTROL tokens
+        are respelled with one "▁" per character and merged like any token; the other
+        USER_DEFINED tokens and all CONTROL tokens
         are matched verbatim in text. A file asking for a space in front of the text
         (add_space_prefix) is refused: Gemma adds none, and no other file is checked.
         """

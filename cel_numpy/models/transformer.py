@@ -417,8 +417,13 @@ class ForwardCache:
         raise KeyError(f"unknown activation {name!r}; see ForwardCache.names()")
 
     def names(self) -> list[str]:
+        """The activations this forward has (e.g. "mlp.up" only for gated MLPs, "attn.out_raw"
+        only with sandwich norms)."""
         out = ["embed", "positions", "attention_mask"]
-        out += [f"blocks.{l}.{n}" for l in range(len(self.blocks)) for n in _BLOCK_NAMES]
+        here = [
+            n for n in _BLOCK_NAMES if self.blocks and _BLOCK_NAMES[n](self.blocks[0]) is not None
+        ]
+        out += [f"blocks.{l}.{n}" for l in range(len(self.blocks)) for n in here]
         return out + ["ln_final.out", "logits"]
 
     def stack(self, name: str) -> np.ndarray:
