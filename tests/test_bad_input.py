@@ -741,7 +741,8 @@ CASES = [
         "unknown-localize-model",
         "localize --model gpt-2 (not a known name or a path)",
         lambda t: _localize("gpt-2", t / "run", "--task", "ioi"),
-        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, gemma-3-270m, "
+        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, "
+        r"gemma-3-270m, "
         r"theory, "
         r"theory:PATH/params\.npz\), a Hugging Face folder, a \.gguf or a \.npz file",
     ),

@@ -8,9 +8,11 @@ References, written by scripts/write_fixtures.py --only gemma3-real with the ref
       same GGUF (whitespace runs, digits, emoji, byte fallback, several scripts, control and
       user-defined tokens, random strings), and its decoding of them
   tests/fixtures/gemma3_golden.npz  transformers' Gemma3ForCausalLM reading the same GGUF
-      (dequantized by the same `gguf` package, float32): for four prompts (one of 1,000+ tokens,
+      (dequantized by the same `gguf` package, float32): for four prompts (one of 1,459 tokens,
       longer than the 512-key sliding window), the ids, the 64 largest and 256 fixed random
-      last-position logits, the log-sum-exp over the vocabulary and 8 greedy tokens
+      last-position logits, the log-sum-exp over the vocabulary and 8 greedy tokens.
+      Measured: logits within 2.5e-5 on the short prompts and 1.3e-4 on the long one (float32
+      summation order over 1,459 positions); the test allows 1e-3.
 """
 
 from __future__ import annotations
@@ -106,9 +108,9 @@ def test_golden_ids_logits_and_greedy_tokens_equal_transformers(gemma3):
         assert int(np.argmax(logits)) == int(top[0]), f"prompt {i}: top-1 differs"
         for name, where in (("top", top), ("sample", sample)):
             err = np.abs(logits[where] - golden[f"{name}_logits_{i}"]).max()
-            assert err < 2e-2, f"prompt {i}: {name} logits differ by {err:.2e}"
+            assert err < 1e-3, f"prompt {i}: {name} logits differ by {err:.2e}"
         lse = np.log(np.exp(logits - logits.max()).sum()) + logits.max()
-        assert abs(lse - float(golden[f"logsumexp_{i}"])) < 2e-2, f"prompt {i}: normalizer"
+        assert abs(lse - float(golden[f"logsumexp_{i}"])) < 1e-3, f"prompt {i}: normalizer"
         greedy = golden[f"greedy_{i}"].tolist()
         ours = gemma3.generate_ids([ids], len(greedy), stop_at_eos=False)[0]
         assert ours == greedy, f"prompt {i}: greedy tokens {ours} vs transformers {greedy}"
