@@ -151,6 +151,10 @@ class ModelConfig:
             ):
                 raise ConfigError(f"{f} must be a positive number, got {_shown(value)}")
             object.__setattr__(self, f, float(value))
+        if not isinstance(self.local_layers, (tuple, list)):  # a list when read back from JSON
+            raise ConfigError(
+                f"local_layers must be a list of layer indices, got {self.local_layers!r}"
+            )
         layers = tuple(self.local_layers)
         if not all(isinstance(l, int) and not isinstance(l, bool) for l in layers) or any(
             not 0 <= l < self.n_layers for l in layers
@@ -229,8 +233,6 @@ class ModelConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ConfigError(f"unknown config keys {unknown}; expected some of {sorted(known)}")
-        if isinstance(d.get("local_layers"), list):  # JSON has no tuples
-            d = {**d, "local_layers": tuple(d["local_layers"])}
         return cls(**d)
 
     @classmethod
