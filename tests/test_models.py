@@ -23,7 +23,7 @@ from cel_numpy.models.model import InvalidHeadError, NoTokenizerError
 from cel_numpy.models.transformer import flatten_params, transformer_forward, unflatten_params
 
 FIXTURES = Path(__file__).parent / "fixtures"
-HF_FIXTURES = ["tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2"]
+HF_FIXTURES = ["tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2", "tiny_gemma3"]
 TOL = {"float64": 1e-4, "float32": 1e-3}
 
 

