@@ -22,3 +22,14 @@ def gemma3():
     import cel_numpy as cn
 
     return cn.load_model("gemma-3-270m")
+
+
+# Fixtures that fetch a model: a test using one needs a download, so it carries the `download`
+# marker (deselected by `make test-fast`, run by `make test`) without having to say so itself.
+DOWNLOAD_FIXTURES = {"qwen2", "gemma3", "smollm2"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if DOWNLOAD_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.download)
