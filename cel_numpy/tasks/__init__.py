@@ -20,6 +20,8 @@ Beside them (`get_task`): "hellaswag" and "boolq", the benchmarks' validation sp
 `cel_numpy.datasets`, and any JSONL task file (`cel_numpy.tasks.filetask`, docs/tasks.md).
 """
 
+from pathlib import Path
+
 from cel_numpy.errors import OptionError
 from cel_numpy.tasks.agreement import Agreement
 from cel_numpy.tasks.arithmetic import Arithmetic
@@ -47,6 +49,9 @@ TASKS: dict[str, Task] = {
 }
 
 
+# Worked example task files (docs/tasks.md): opposites.jsonl (choice), plurals.jsonl (generate).
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+
 # Tasks on fetched benchmark data (`cel_numpy.datasets`): loaded, and fetched, on first use.
 DATA_TASKS = ("hellaswag", "boolq")
 
@@ -70,6 +75,6 @@ def get_task(name: str) -> Task:
 
 
 __all__ = [
-    "DATA_TASKS", "TASKS", "FileTask", "Item", "Scoring", "Task", "TemplateTask",
+    "DATA_TASKS", "EXAMPLES", "TASKS", "FileTask", "Item", "Scoring", "Task", "TemplateTask",
     "get_task", "make_panels", "max_panel_items", "panel_hash",
 ]  # fmt: skip

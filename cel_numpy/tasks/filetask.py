@@ -81,7 +81,7 @@ class FileTask:
             ) from None
         lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
         rows = [(n, self._json(n, line)) for n, line in lines]
-        options = {}
+        options, options_line = {}, rows[0][0] if rows else 1
         if rows and "options" in rows[0][1]:
             options = self._options(*rows[0])
             rows = rows[1:]
@@ -90,7 +90,7 @@ class FileTask:
         self.options = {**OPTION_DEFAULTS, **options}
         self.name = self.options["name"] or self.path.name.removesuffix(".jsonl")
         self.scoring = "choice" if "choices" in rows[0][1] else "generate"
-        self._set_scoring_options(rows[0][0])
+        self._set_scoring_options(options_line)
         self.accepted: dict[str, frozenset[str]] = {}  # generate items: item id -> answers
         self.file_ids: dict[str, str] = {}  # Item.id -> the id in the file
         self.items = self._items(rows)
