@@ -49,7 +49,8 @@ def accuracy(args) -> None:
     known = {it.id for it in task.items}
     if set(done) - known:
         sys.exit(f"{out} holds results of other items; use another --out")
-    ev = LMEvaluator(model, task, batch_size=args.batch_size)
+    # one condition per call: keeping intact passes across calls would only hold memory
+    ev = LMEvaluator(model, task, batch_size=args.batch_size, intact_cache=False)
     todo = [it for it in items if it.id not in done]
     start, n0 = time.perf_counter(), len(todo)
     print(f"{args.model} {task.name}: {len(items)} items, {len(done)} done", flush=True)
