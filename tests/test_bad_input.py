@@ -616,7 +616,8 @@ CASES = [
         "fetch-unknown",
         "fetching an unknown name",
         lambda t: ["fetch", "llama-7b"],
-        r"unknown name 'llama-7b'; known names: boolq, gpt2-tokenizer, hellaswag, mbpp, qwen2.5-coder-0.5b, smollm2",
+        r"unknown name 'llama-7b'; known names: boolq, gpt2-tokenizer, hellaswag, mbpp, "
+        r"qwen2.5-coder-0.5b, smollm2",
     ),
     # ------------------------------------------------------------------ prompts
     Case(
