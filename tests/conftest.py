@@ -13,3 +13,12 @@ def qwen2():
     import cel_numpy as cn
 
     return cn.load_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (float32), loaded once per test session (fetched on first use; the
+    tests that use it fail without it, never skip). Modules may define their own."""
+    import cel_numpy as cn
+
+    return cn.load_model("smollm2")
