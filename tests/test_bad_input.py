@@ -628,7 +628,8 @@ CASES = [
         "fetch-unknown",
         "fetching an unknown name",
         lambda t: ["fetch", "llama-7b"],
-        r"unknown name 'llama-7b'; known names: gemma-3-270m, gpt2-tokenizer, "
+        r"unknown name 'llama-7b'; known names: boolq, gemma-3-270m, gpt2-tokenizer, hellaswag, "
+        r"mbpp, "
         r"qwen2.5-coder-0.5b, smollm2",
     ),
     # ------------------------------------------------------------------ prompts
@@ -728,7 +729,8 @@ CASES = [
         "localize --task capital (a typo)",
         lambda t: _localize("smollm2", t / "run", "--task", "capital"),
         r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, "
-        r"arithmetic_chat, capitals, greater_than, ioi",
+        r"arithmetic_chat, capitals, greater_than, ioi, hellaswag, boolq, or a \.jsonl task file "
+        r"\(docs/tasks\.md\)",
     ),
     Case(
         "unknown-cross-task",

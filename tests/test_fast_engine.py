@@ -244,6 +244,24 @@ def test_evaluator_fast_equals_naive_every_task_on_fixtures(path, task_name):
     assert_same_results(fast, naive, atol=1e-3)
 
 
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("task_name", ["hellaswag", "boolq"])
+def test_evaluator_fast_equals_naive_benchmarks_on_fixtures(path, task_name):
+    """The real data's shortest items (one character per token): HellaSwag's four multi-token
+    endings after one context (the prefix-tree path), BoolQ's " no"/" yes"."""
+    from cel_numpy.tasks import get_task
+
+    model = _fixture_with_text(path)
+    task = get_task(task_name)
+    printable = [it for it in task.items if all(ch == "\n" or " " <= ch <= "~" for ch in it.prompt)]
+    items = sorted(printable, key=lambda it: len(it.prompt) + max(map(len, it.choices)))[:4]
+    L, H = model.config.n_layers, model.config.n_heads
+    conds = [(), ((0, 1),), ((L - 1, H - 1),), ((0, 0), (L - 1, 0))]
+    naive = LMEvaluator(model, task, fast=False, batch_size=4).evaluate_many(items, conds)
+    fast = LMEvaluator(model, task, batch_size=4).evaluate_many(items, conds)
+    assert_same_results(fast, naive, atol=1e-3)
+
+
 def test_localization_ranking_fast_equals_naive(tmp_path):
     from cel_numpy.localize.routine import localize
 
@@ -334,7 +352,9 @@ def test_smollm2_other_tokenizations_of_the_answer(smollm2):
 
 
 @pytest.mark.download
-@pytest.mark.parametrize("task_name", ["arithmetic", "arithmetic_chat", "capitals", "ioi"])
+@pytest.mark.parametrize(
+    "task_name", ["arithmetic", "arithmetic_chat", "capitals", "ioi", "hellaswag", "boolq"]
+)
 def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     from cel_numpy.tasks import get_task
 

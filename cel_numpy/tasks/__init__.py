@@ -15,7 +15,12 @@
     TASKS["agreement"]     "The key near the cabinets" -> " is" (vs " are")          choice
 
 Each module's docstring gives the templates, scoring decisions and template-space sizes.
+
+Beside them (`get_task`): "hellaswag" and "boolq", the benchmarks' validation splits fetched by
+`cel_numpy.datasets`, and any JSONL task file (`cel_numpy.tasks.filetask`, docs/tasks.md).
 """
+
+from pathlib import Path
 
 from cel_numpy.errors import OptionError
 from cel_numpy.tasks.agreement import Agreement
@@ -23,6 +28,7 @@ from cel_numpy.tasks.arithmetic import Arithmetic
 from cel_numpy.tasks.arithmetic_chat import ArithmeticChat
 from cel_numpy.tasks.base import Item, Scoring, Task
 from cel_numpy.tasks.fewshot import antonyms, capitals
+from cel_numpy.tasks.filetask import FileTask, is_task_file
 from cel_numpy.tasks.greater_than import GreaterThan
 from cel_numpy.tasks.ioi import IndirectObject
 from cel_numpy.tasks.panels import make_panels, max_panel_items, panel_hash
@@ -43,15 +49,32 @@ TASKS: dict[str, Task] = {
 }
 
 
+# Worked example task files (docs/tasks.md): opposites.jsonl (choice), plurals.jsonl (generate).
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+
+# Tasks on fetched benchmark data (`cel_numpy.datasets`): loaded, and fetched, on first use.
+DATA_TASKS = ("hellaswag", "boolq")
+
+
 def get_task(name: str) -> Task:
-    """The registered task called `name`; OptionError (a ValueError) listing the known
-    names otherwise."""
-    if name not in TASKS:
-        raise OptionError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name]
+    """The task called `name`: a registered template task, a benchmark on fetched data
+    (`DATA_TASKS`, fetched if needed), or a JSONL task file (a name ending in .jsonl or holding
+    a path separator; `FileTask`). OptionError (a ValueError) listing the known names otherwise."""
+    if name in TASKS:
+        return TASKS[name]
+    if name in DATA_TASKS:
+        from cel_numpy.datasets import path_of
+
+        return FileTask(path_of(name))
+    if is_task_file(name):
+        return FileTask(name)
+    raise OptionError(
+        f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS) + list(DATA_TASKS))}, "
+        "or a .jsonl task file (docs/tasks.md)"
+    )
 
 
 __all__ = [
-    "TASKS", "Item", "Scoring", "Task", "TemplateTask",
+    "DATA_TASKS", "EXAMPLES", "TASKS", "FileTask", "Item", "Scoring", "Task", "TemplateTask",
     "get_task", "make_panels", "max_panel_items", "panel_hash",
 ]  # fmt: skip

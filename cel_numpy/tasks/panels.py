@@ -22,6 +22,12 @@ For example capitals (152 clusters), discovery 100 + held-out 300: 38 and 114 cl
 items per country in discovery and 2-3 in held-out; 20 + 300: 10 and 142 clusters.
 `panel_layout(task, n_discovery, n_heldout)` gives these numbers for any request.
 
+A task with a fixed list of items (`task.items`: a JSONL task file, HellaSwag, BoolQ) is split
+by cluster: the clusters are shuffled (`rng.permutation`), and taken in that order, each whole
+into discovery until it holds n_discovery items, then into held-out until it holds n_heldout
+(a cluster that would overfill a panel gives it the items needed, in the file's order, and its
+other items are left out of both panels). Each panel is then in file order.
+
 Any other object following the `Task` protocol (the theory tasks) is served by drawing
 `task.sample` in rounds and keeping first occurrences of each `Item.id`, an item going to the
 panel its cluster is already in (a new cluster: discovery until it is full), giving up (with an
@@ -68,6 +74,8 @@ def make_panels(
     rng = np.random.default_rng(seed)
     if isinstance(task, TemplateTask):
         discovery, heldout = _template_panels(task, int(n_discovery), int(n_heldout), rng)
+    elif isinstance(getattr(task, "items", None), list):
+        discovery, heldout = _list_panels(task, int(n_discovery), int(n_heldout), rng)
     else:
         discovery, heldout = _sampled_panels(task, int(n_discovery), int(n_heldout), rng)
     ids_d, ids_h = [it.id for it in discovery], [it.id for it in heldout]
@@ -174,6 +182,31 @@ def _interleave(groups: list[list[Item]]) -> list[Item]:
     for j in range(max((len(g) for g in groups), default=0)):
         out.extend(g[j] for g in groups if j < len(g))
     return out
+
+
+def _list_panels(task, n_d: int, n_h: int, rng: np.random.Generator):
+    """Cluster-disjoint panels from a fixed item list (see the module docstring)."""
+    position = {it.id: k for k, it in enumerate(task.items)}
+    by_cluster: dict[str, list[Item]] = {}
+    for it in task.items:
+        by_cluster.setdefault(it.cluster, []).append(it)
+    clusters = list(by_cluster)
+    panels: list[list[Item]] = [[], []]
+    wanted = (n_d, n_h)
+    p = 0
+    for k in rng.permutation(len(clusters)):
+        while p < 2 and len(panels[p]) == wanted[p]:
+            p += 1
+        if p == 2:
+            break
+        panels[p].extend(by_cluster[clusters[k]][: wanted[p] - len(panels[p])])
+    if len(panels[0]) < n_d or len(panels[1]) < n_h:
+        raise OptionError(
+            f"task {task.name!r} has {len(task.items)} items in {len(clusters)} clusters, too few "
+            f"for {n_d} + {n_h} items in cluster-disjoint panels: ask for fewer"
+        )
+    discovery, heldout = (sorted(panel, key=lambda it: position[it.id]) for panel in panels)
+    return discovery, heldout
 
 
 def _sampled_panels(task: Task, n_d: int, n_h: int, rng: np.random.Generator):
