@@ -197,9 +197,11 @@ class LMEvaluator:
 
     def model_text(self, prompt: str) -> str:
         """The text the model reads for a prompt: a chat task's prompt (`Task.chat`) is one user
-        message, written in the model's chat template with the generation prompt."""
+        message, written in the model's chat template with the generation prompt, then the
+        task's `prefill` (the assistant's first words, e.g. MBPP's "[BEGIN]\\n"), if any."""
         if getattr(self.task, "chat", False):
-            return self.model.chat([{"role": "user", "content": prompt}])
+            text = self.model.chat([{"role": "user", "content": prompt}])
+            return text + getattr(self.task, "prefill", "")
         return prompt
 
     def prompt_ids(self, prompt: str) -> list[int]:

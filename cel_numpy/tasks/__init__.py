@@ -14,6 +14,13 @@
                            -> " dry"                                                generate
     TASKS["agreement"]     "The key near the cabinets" -> " is" (vs " are")          choice
 
+Tasks that run model-written code are kept apart (`CODE_TASKS`: never among the default cross
+tasks, and only with the user's consent; `get_task` finds them by name):
+
+    CODE_TASKS["mbpp"]     the released MBPP protocol: three solved problems, then one asked,
+                           in the chat template with a "[BEGIN]" prefill -> a program, correct
+                           iff it passes the problem's three tests in the sandbox   generate
+
 Each module's docstring gives the templates, scoring decisions and template-space sizes.
 """
 
@@ -25,6 +32,7 @@ from cel_numpy.tasks.base import Item, Scoring, Task
 from cel_numpy.tasks.fewshot import antonyms, capitals
 from cel_numpy.tasks.greater_than import GreaterThan
 from cel_numpy.tasks.ioi import IndirectObject
+from cel_numpy.tasks.mbpp import Mbpp
 from cel_numpy.tasks.panels import make_panels, max_panel_items, panel_hash
 from cel_numpy.tasks.template import TemplateTask
 
@@ -42,16 +50,22 @@ TASKS: dict[str, Task] = {
     )
 }
 
+# Tasks whose scoring runs model-written code (`executes_code = True`); data loaded on first use.
+CODE_TASKS: dict[str, Task] = {task.name: task for task in (Mbpp(),)}
+
 
 def get_task(name: str) -> Task:
     """The registered task called `name`; OptionError (a ValueError) listing the known
     names otherwise."""
-    if name not in TASKS:
-        raise OptionError(f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name]
+    if name in TASKS:
+        return TASKS[name]
+    if name in CODE_TASKS:
+        return CODE_TASKS[name]
+    known = ", ".join(sorted([*TASKS, *CODE_TASKS]))
+    raise OptionError(f"unknown task {name!r}; known tasks: {known}")
 
 
 __all__ = [
-    "TASKS", "Item", "Scoring", "Task", "TemplateTask",
+    "CODE_TASKS", "TASKS", "Item", "Scoring", "Task", "TemplateTask",
     "get_task", "make_panels", "max_panel_items", "panel_hash",
 ]  # fmt: skip
