@@ -286,6 +286,12 @@ def test_a_program_cannot_undo_its_read_only_view():
     contained(program)
 
 
+def test_a_sandbox_that_cannot_start_is_an_error_not_a_score(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "LAUNCHER", tmp_path / "missing_launcher.py")
+    with pytest.raises(sandbox.SandboxError, match="the code sandbox could not be set up"):
+        run_program("pass", [], isolate=False)
+
+
 # --------------------------------------------------------------------------- consent
 
 
