@@ -307,6 +307,7 @@ def can_forbid_new_processes() -> bool:
     """A seccomp filter can stop the program from starting processes (Linux x86_64, aarch64)."""
     return sys.platform.startswith("linux") and os.uname().machine in ("x86_64", "aarch64")
 
+
 _PROBE = """\
 import os, socket
 try:

@@ -7,15 +7,16 @@ by the package.
 
 Isolated (Linux namespaces; see docs/design.md, "Running model-written code"):
 
-    launcher (host)   drop to nobody if root; unshare user+mount+net+pid+ipc+uts namespaces
+    launcher (host)   unshare user+mount+net+pid+ipc+uts namespaces (root of them: the caller)
      `- init (pid 1)  mount_setattr("/", recursive read-only, nosuid, private); a fresh tmpfs on
          |            WORKDIR holding only program.py; a fresh /proc; waits for the program and
          |            writes its wait status on the status pipe; when it exits, the kernel kills
          |            every process left in the namespace
          `- program   a nested user namespace (uid 1000, no capabilities over the mounts);
-                      setrlimit; "ready" on the status pipe; exec python -I program.py
+                      setrlimit; the no-new-processes seccomp filter; "ready" on the status
+                      pipe; exec python -I program.py
 
-Not isolated: drop to nobody if root, setrlimit, "ready", exec python -I program.py.
+Not isolated: setrlimit, the seccomp filter, "ready", exec python -I program.py.
 
 The status pipe (fd given in the config) is closed on exec, so the program cannot write to it:
 "ready" means the sandbox is set up, "status N" is the program's raw wait status, and anything
@@ -196,7 +197,7 @@ def init(config: dict, source: bytes, status) -> None:
             check(LIBC.unshare(CLONE_NEWUSER), "unshare(nested user namespace)")
             map_ids(INNER_UID, 0, 0)
             run_program(config, status)
-        except BaseException as err:  # noqa: BLE001 - reported to the parent, never scored
+        except BaseException as err:  # reported to the parent, never scored
             status.write(f"error {type(err).__name__}: {err}\n")
             status.flush()
         os._exit(125)
@@ -214,7 +215,7 @@ def isolated(config: dict, source: bytes, status) -> None:
     if pid == 0:
         try:
             init(config, source, status)
-        except BaseException as err:  # noqa: BLE001
+        except BaseException as err:
             status.write(f"error {type(err).__name__}: {err}\n")
             status.flush()
             os._exit(125)
@@ -234,7 +235,7 @@ def main() -> None:
             isolated(config, source, status)
         else:
             run_program(config, status)
-    except BaseException as err:  # noqa: BLE001
+    except BaseException as err:
         status.write(f"error {type(err).__name__}: {err}\n")
         status.flush()
         os._exit(125)

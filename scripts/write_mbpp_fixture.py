@@ -72,10 +72,13 @@ def main() -> None:
         tree = ast.parse(utils)
         (fn,) = [n for n in tree.body if getattr(n, "name", "") == "list_fewshot_samples"]
         prompt_rows = ast.literal_eval(fn.body[-1].value)
-        prompt_rows = [{k: r[k] for k in ("task_id", "text", "code", "test_list")} for r in prompt_rows]
+        prompt_rows = [
+            {k: r[k] for k in ("task_id", "text", "code", "test_list")} for r in prompt_rows
+        ]
         yaml_text = lm_eval.read("lm_eval/tasks/mbpp/mbpp.yaml").decode("utf-8")
 
-    env = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined)  # as lm-eval
+    # as lm-eval renders its templates
+    env = jinja2.Environment(keep_trailing_newline=True, undefined=jinja2.StrictUndefined)
     to_text = env.from_string(yaml_string(yaml_text, "doc_to_text"))
     to_target = env.from_string(yaml_string(yaml_text, "doc_to_target"))
     shots = [to_text.render(**s) + to_target.render(**s, is_fewshot=True) for s in prompt_rows]

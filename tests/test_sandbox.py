@@ -156,7 +156,10 @@ def test_a_child_process_cannot_be_started_to_outlive_the_run(guarded):
 
 
 def test_memory_bomb_is_stopped():
-    for program in ("x = bytearray(2**31)\n", "b = []\nwhile True:\n    b.append(bytearray(10**8))\n"):
+    for program in (
+        "x = bytearray(2**31)\n",
+        "b = []\nwhile True:\n    b.append(bytearray(10**8))\n",
+    ):
         result = contained(program, timeout=10.0)
         assert result.outcome == "limit", result.stderr
         assert result.stderr.strip().endswith("MemoryError")
