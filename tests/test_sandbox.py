@@ -22,7 +22,7 @@ import pytest
 from cel_numpy import sandbox
 from cel_numpy.errors import OptionError
 from cel_numpy.sandbox import LIMITS, check_program, run_program
-from cel_numpy.tasks.mbpp import Mbpp, extract_program
+from cel_numpy.tasks.mbpp import Mbpp
 
 FIXTURE = Path(__file__).parent / "fixtures" / "mbpp_sample.json"
 SHORT = 1.5  # seconds: the timeout of hostile programs that run until stopped
@@ -319,61 +319,6 @@ def test_localize_refuses_mbpp_without_consent_before_any_work(tmp_path, monkeyp
     assert err[0].startswith("cel-numpy localize: error: --task mbpp runs Python code written by")
     assert "--allow-code-execution or CEL_NUMPY_ALLOW_CODE_EXECUTION=1" in err[0]
     assert not out.exists()
-
-
-# --------------------------------------------------------------------------- the mbpp task
-
-
-def test_mbpp_prompt_equals_lm_evals_rendering(mbpp_sample):
-    """The user message + the "[BEGIN]\\n" prefill is the context lm-eval's mbpp.yaml renders
-    (the released code's prompt text), for every fixture problem."""
-    task = Mbpp(mbpp_sample["rows"], mbpp_sample["prompt_rows"])
-    for i, row in enumerate(mbpp_sample["rows"]):
-        item = task.item_at("mbpp", i)
-        assert item.prompt + task.prefill == mbpp_sample["contexts"][str(row["task_id"])]
-        assert item.cluster == f"mbpp/{row['task_id']}"
-
-
-def test_mbpp_scores_completions_by_running_their_tests(mbpp_sample, monkeypatch):
-    monkeypatch.setenv(sandbox.CONSENT_VARIABLE, "1")
-    task = Mbpp(mbpp_sample["rows"], mbpp_sample["prompt_rows"])
-    item, row = task.item_at("mbpp", 1), mbpp_sample["rows"][1]
-    gold = row["code"].replace("    ", "\t")  # tabs become four spaces, as in the released code
-    assert task.is_correct(item, gold + "\n[DONE]\nprint(1/0)")  # text after [DONE] is dropped
-    assert not task.is_correct(item, "def nothing():\n    pass\n")
-    assert extract_program("a\tb[DONE]c[DONE]") == "a    b"
-
-
-def test_mbpp_stops_at_done_or_end_of_turn():
-    from cel_numpy.localize.scoring import stop_rule
-
-    class Tok:
-        stop_ids = (7, 8)
-
-        @staticmethod
-        def decode(ids):
-            return "".join({1: "x = 1\n", 2: "[DONE]", 3: "\n\nmore"}[i] for i in ids)
-
-    rule = stop_rule(Mbpp(), Tok())  # no data needed: nothing is loaded
-    assert rule.ids == {7, 8} and rule.max_new_tokens == 256
-    assert rule.text_of(Tok, [1, 2, 3]) == "x = 1\n"
-    assert rule.is_done(Tok)([1, 2]) and not rule.is_done(Tok)([1])
-
-
-def test_mbpp_panels_are_disjoint_by_problem(mbpp_sample):
-    from cel_numpy.tasks import make_panels
-
-    task = Mbpp(mbpp_sample["rows"], mbpp_sample["prompt_rows"])
-    discovery, heldout = make_panels(task, 2, 4, seed=0)
-    assert {it.cluster for it in discovery}.isdisjoint({it.cluster for it in heldout})
-    assert len({it.cluster for it in discovery + heldout}) == 6
-
-
-def test_mbpp_rows_of_the_wrong_shape_are_one_line_errors(mbpp_sample):
-    with pytest.raises(OptionError, match="mbpp prompt rows: expected 3 problems, got 2"):
-        Mbpp(mbpp_sample["rows"], mbpp_sample["prompt_rows"][:2])
-    with pytest.raises(OptionError, match="problem 0 lacks test_list"):
-        Mbpp([{"task_id": 1, "text": "t", "code": "c"}], mbpp_sample["prompt_rows"])
 
 
 if __name__ == "__main__":
