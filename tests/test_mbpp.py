@@ -96,3 +96,21 @@ def test_the_model_reads_one_chat_turn_then_the_prefill(mbpp_sample, qwen2):
     prompt, answer = reference_ids(ev, item)
     assert prompt == qwen2.encode_chat_text(text)
     assert qwen2.tokenizer.decode(answer) == item.answer
+
+
+def test_a_program_is_run_once_per_problem(mbpp_sample, monkeypatch):
+    monkeypatch.setenv(sandbox.CONSENT_VARIABLE, "1")
+    calls = []
+    real = sandbox.run_program
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sandbox, "run_program", counting)
+    task = Mbpp(mbpp_sample["rows"], mbpp_sample["prompt_rows"])
+    first, second = task.item_at("mbpp", 0), task.item_at("mbpp", 1)
+    code = mbpp_sample["rows"][0]["code"]
+    assert task.is_correct(first, code) and task.is_correct(first, code + "[DONE] later")
+    assert not task.is_correct(second, code)  # the same program, another problem: run again
+    assert len(calls) == 2

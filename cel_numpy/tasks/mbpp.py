@@ -102,6 +102,7 @@ class Mbpp(TemplateTask):
             None if prompt_rows is None else check_rows(prompt_rows, "mbpp prompt rows", 3)
         )
         self._by_cluster: dict[str, dict] | None = None
+        self._verdicts: dict[tuple[str, str], object] = {}  # (cluster, program) -> RunResult
 
     # ------------------------------------------------------------------ data
 
@@ -147,17 +148,29 @@ class Mbpp(TemplateTask):
     # ------------------------------------------------------------------ scoring
 
     def run(self, item: Item, output: str):
-        """The sandbox's `RunResult` for a completion (needs the user's consent)."""
+        """The sandbox's `RunResult` for a completion (needs the user's consent).
+
+        A program already run for the same problem is not run again: a screen's ablations mostly
+        leave the completion unchanged, and each run costs a process start (about 0.2 s here).
+        Kept verdicts include timeouts: within a process the same program always gets the same
+        verdict, so intact and ablated completions that agree are scored alike even where a busy
+        machine makes a slow program time out once.
+        """
         from cel_numpy.sandbox import require_consent, run_program
 
         require_consent("the mbpp task")
-        row = self.row_of(item)
-        return run_program(
-            extract_program(output),
-            list(row["test_list"]),
-            TIMEOUT_SECONDS,
-            setup=row.get("test_setup_code", "") or "",
-        )
+        program = extract_program(output)
+        key = (item.cluster, program)
+        if key not in self._verdicts:
+            row = self.row_of(item)
+            result = run_program(
+                program,
+                list(row["test_list"]),
+                TIMEOUT_SECONDS,
+                setup=row.get("test_setup_code", "") or "",
+            )
+            self._verdicts[key] = result
+        return self._verdicts[key]
 
     def is_correct(self, item: Item, output: str) -> bool:
         """pass@1: the program passes all of the problem's tests within 3 seconds."""
