@@ -63,7 +63,10 @@ def main() -> int:
         start = time.perf_counter()
         model = load_model(args.model)
         print(f"model loaded in {time.perf_counter() - start:.1f} s", flush=True)
-        ev = LMEvaluator(model, task, batch_size=args.batch_size, spec=args.model)
+        # one condition: nothing to reuse across calls, so no intact cache (memory)
+        ev = LMEvaluator(
+            model, task, batch_size=args.batch_size, spec=args.model, intact_cache=False
+        )
         tok = model.tokenizer
         per_problem = []
         args.out.parent.mkdir(parents=True, exist_ok=True)
