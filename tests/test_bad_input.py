@@ -729,7 +729,7 @@ CASES = [
         "localize --task capital (a typo)",
         lambda t: _localize("smollm2", t / "run", "--task", "capital"),
         r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, "
-        r"arithmetic_chat, capitals, greater_than, ioi, hellaswag, boolq, or a \.jsonl task file "
+        r"arithmetic_chat, capitals, greater_than, ioi, hellaswag, boolq, mbpp, or a \.jsonl task file "
         r"\(docs/tasks\.md\)",
     ),
     Case(

@@ -14,7 +14,7 @@ from cel_numpy.localize.evaluate import BATCH_SIZE
 from cel_numpy.localize.ranking import TIE_BREAKS, check_null_set_count, check_null_sets
 from cel_numpy.localize.routine import SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
-from cel_numpy.tasks import TASKS
+from cel_numpy.tasks import CODE_TASKS, TASKS
 
 MAX_SAMPLED_PANEL = (
     100_000  # items per panel of a sampled (theory) task: beyond this, memory, not insight
@@ -60,8 +60,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--task",
         required=True,
-        help=f"a task name ({', '.join(TASKS)}, hellaswag, boolq), a .jsonl task file "
-        "(docs/tasks.md); A or B for theory",
+        help=f"a task name ({', '.join([*TASKS, *CODE_TASKS])}, hellaswag, boolq), a .jsonl "
+        "task file (docs/tasks.md); A or B for theory",
     )
     p.add_argument(
         "--discovery", type=int, default=100, metavar="N", help="discovery panel size (default 100)"
@@ -163,6 +163,12 @@ def register(subparsers) -> None:
         help="seed of the null sets (default: the panel --seed); recorded in the manifest",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument(
+        "--allow-code-execution",
+        action="store_true",
+        help="consent to running model-written code in the sandbox (needed by mbpp; also "
+        "CEL_NUMPY_ALLOW_CODE_EXECUTION=1)",
+    )
     p.set_defaults(func=run)
     register_test_heads(subparsers)
     register_summarize(subparsers)
@@ -494,6 +500,23 @@ def make_worker_pool(n_workers: int, quiet: bool = False):
     return WorkerPool(n_workers)
 
 
+def check_code_consent(args, tasks) -> None:
+    """Tasks that run model-written code need the user's consent, asked before any work; the
+    run then says once if the sandbox lacks OS isolation here."""
+    from cel_numpy.sandbox import grant_consent, isolation_notice, require_consent
+
+    runs_code = [t.name for t in tasks if getattr(t, "executes_code", False)]
+    if not runs_code:
+        return
+    if getattr(args, "allow_code_execution", False):
+        grant_consent()  # also for worker processes
+    first = runs_code[0]
+    require_consent(f"--task {first}" if first == tasks[0].name else f"--cross-tasks {first}")
+    notice = isolation_notice()
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
+
+
 def _prepare(args):
     """Check everything that needs no model, then (task, cross tasks, make_evaluator, executor)."""
     from cel_numpy.outdir import prepare_out
@@ -504,6 +527,7 @@ def _prepare(args):
         which, cross_names = theory_task_names(args)  # before any work: a wrong name costs nothing
     else:
         task, cross = lm_tasks(args)
+        check_code_consent(args, [task, *cross])
         check_panel_sizes(task, cross, args.discovery, args.heldout)
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
     if theory:
@@ -641,6 +665,12 @@ def register_test_heads(subparsers) -> None:
     p.add_argument("--tau", type=float, default=1.0, help="theory only (default 1.0)")
     p.add_argument("--theory-seed", type=int, default=0, help="theory only (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument(
+        "--allow-code-execution",
+        action="store_true",
+        help="consent to running model-written code in the sandbox (needed by mbpp; also "
+        "CEL_NUMPY_ALLOW_CODE_EXECUTION=1)",
+    )
     p.set_defaults(
         func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None
     )

@@ -197,9 +197,12 @@ class LMEvaluator:
 
     def model_text(self, prompt: str, task=None) -> str:
         """The text the model reads for a prompt: a chat task's prompt (`Task.chat`) is one user
-        message, written in the model's chat template with the generation prompt."""
-        if getattr(task or self.task, "chat", False):
-            return self.model.chat([{"role": "user", "content": prompt}])
+        message, written in the model's chat template with the generation prompt, then the
+        task's `prefill` (the assistant's first words, e.g. MBPP's "[BEGIN]\\n"), if any."""
+        task = task or self.task
+        if getattr(task, "chat", False):
+            text = self.model.chat([{"role": "user", "content": prompt}])
+            return text + getattr(task, "prefill", "")
         return prompt
 
     def prompts_sha256(self, task, items: Sequence[Item]) -> str:

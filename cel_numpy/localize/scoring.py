@@ -144,7 +144,8 @@ def stop_rule(task, tokenizer) -> StopRule:
 
     "newline": at eos, and the text is cut at (generation may stop once it has) a newline.
     "end_of_turn": at one of the tokenizer's `stop_ids` (a chat model's end-of-turn and
-    end-of-text tokens); newlines are part of the answer.
+    end-of-text tokens); newlines are part of the answer. A task's `stop_text` (e.g. MBPP's
+    "[DONE]") also ends it there: the text is cut at its first occurrence.
     "text": as "newline", with the task's `stop_text` in place of the newline.
     """
     stop = getattr(task, "stop", "newline")
@@ -157,7 +158,8 @@ def stop_rule(task, tokenizer) -> StopRule:
                 f"task {task.name!r} stops at the end of the model's turn, but the tokenizer "
                 "declares no end-of-turn or end-of-text token"
             )
-        return StopRule(ids=ids, text=None, max_new_tokens=int(task.max_new_tokens))
+        text = getattr(task, "stop_text", None)
+        return StopRule(ids=ids, text=text, max_new_tokens=int(task.max_new_tokens))
     eos = getattr(tokenizer, "eos_id", None)
     return StopRule(
         ids=frozenset() if eos is None else frozenset({int(eos)}),

@@ -14,6 +14,13 @@
                            -> " dry"                                                generate
     TASKS["agreement"]     "The key near the cabinets" -> " is" (vs " are")          choice
 
+Tasks that run model-written code are kept apart (`CODE_TASKS`: never among the default cross
+tasks, and only with the user's consent; `get_task` finds them by name):
+
+    CODE_TASKS["mbpp"]     the released MBPP protocol: three solved problems, then one asked,
+                           in the chat template with a "[BEGIN]" prefill -> a program, correct
+                           iff it passes the problem's three tests in the sandbox   generate
+
 Each module's docstring gives the templates, scoring decisions and template-space sizes.
 
 Beside them (`get_task`): "hellaswag" and "boolq", the benchmarks' validation splits fetched by
@@ -31,6 +38,7 @@ from cel_numpy.tasks.fewshot import antonyms, capitals
 from cel_numpy.tasks.filetask import FileTask, is_task_file
 from cel_numpy.tasks.greater_than import GreaterThan
 from cel_numpy.tasks.ioi import IndirectObject
+from cel_numpy.tasks.mbpp import Mbpp
 from cel_numpy.tasks.panels import make_panels, max_panel_items, panel_hash
 from cel_numpy.tasks.template import TemplateTask
 
@@ -48,6 +56,9 @@ TASKS: dict[str, Task] = {
     )
 }
 
+# Tasks whose scoring runs model-written code (`executes_code = True`); data loaded on first use.
+CODE_TASKS: dict[str, Task] = {task.name: task for task in (Mbpp(),)}
+
 
 # Worked example task files (docs/tasks.md): opposites.jsonl (choice), plurals.jsonl (generate).
 EXAMPLES = Path(__file__).resolve().parent / "examples"
@@ -57,24 +68,28 @@ DATA_TASKS = ("hellaswag", "boolq")
 
 
 def get_task(name: str) -> Task:
-    """The task called `name`: a registered template task, a benchmark on fetched data
-    (`DATA_TASKS`, fetched if needed), or a JSONL task file (a name ending in .jsonl or holding
-    a path separator; `FileTask`). OptionError (a ValueError) listing the known names otherwise."""
+    """The task called `name`: a registered template task, a task that runs model-written code
+    (`CODE_TASKS`), a benchmark on fetched data (`DATA_TASKS`, fetched if needed), or a JSONL
+    task file (a name ending in .jsonl or holding a path separator; `FileTask`). OptionError (a
+    ValueError) listing the known names otherwise."""
     if name in TASKS:
         return TASKS[name]
+    if name in CODE_TASKS:
+        return CODE_TASKS[name]
     if name in DATA_TASKS:
         from cel_numpy.datasets import path_of
 
         return FileTask(path_of(name))
     if is_task_file(name):
         return FileTask(name)
+    known = ", ".join([*sorted(TASKS), *DATA_TASKS, *CODE_TASKS])
     raise OptionError(
-        f"unknown task {name!r}; known tasks: {', '.join(sorted(TASKS) + list(DATA_TASKS))}, "
-        "or a .jsonl task file (docs/tasks.md)"
+        f"unknown task {name!r}; known tasks: {known}, or a .jsonl task file (docs/tasks.md)"
     )
 
 
 __all__ = [
-    "DATA_TASKS", "EXAMPLES", "TASKS", "FileTask", "Item", "Scoring", "Task", "TemplateTask",
+    "CODE_TASKS", "DATA_TASKS", "EXAMPLES", "TASKS", "FileTask", "Item", "Scoring", "Task",
+    "TemplateTask",
     "get_task", "make_panels", "max_panel_items", "panel_hash",
 ]  # fmt: skip
