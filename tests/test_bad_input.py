@@ -729,8 +729,8 @@ CASES = [
         "localize --task capital (a typo)",
         lambda t: _localize("smollm2", t / "run", "--task", "capital"),
         r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, "
-        r"arithmetic_chat, capitals, greater_than, ioi, hellaswag, boolq, mbpp, or a \.jsonl task file "
-        r"\(docs/tasks\.md\)",
+        r"arithmetic_chat, capitals, greater_than, ioi, hellaswag, boolq, mbpp, or a \.jsonl task "
+        r"file \(docs/tasks\.md\)",
     ),
     Case(
         "unknown-cross-task",
