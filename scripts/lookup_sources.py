@@ -119,7 +119,9 @@ def capital_report(world: Path, clist: Path) -> tuple[dict[str, tuple[str, ...]]
         code = code_of.get(_ALIASES.get(country, country))
         sources = listed.get(code, [])
         if capital not in {fold(s) for s in sources}:
-            print(f"capitals: {country}: {capital} is in neither source ({sources})", file=sys.stderr)
+            print(
+                f"capitals: {country}: {capital} is in neither source ({sources})", file=sys.stderr
+            )
             ok = False
         extra = [s for s in dict.fromkeys(sources + [fold(s) for s in sources]) if s != capital]
         if extra:

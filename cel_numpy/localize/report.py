@@ -291,7 +291,7 @@ def heldout_changes(task, items, intact, ablated) -> dict:
 
 
 def fmt_changes(changes: dict) -> str:
-    """"rescued 7 (genuine 4, echo 3), damaged 2 (genuine 2)": categories with a count only."""
+    """ "rescued 7 (genuine 4, echo 3), damaged 2 (genuine 2)": categories with a count only."""
     parts = []
     for kind in ("rescued", "damaged"):
         counts = changes[kind]
