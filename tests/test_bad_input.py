@@ -758,6 +758,36 @@ CASES = [
         r"--discovery 5000 \+ --heldout 5000 = 10000: ask for fewer",
     ),
     Case(
+        "fold-alone",
+        "localize --fold 1 without --folds",
+        lambda t: _localize("smollm2", t / "run", "--task", "capitals", "--fold", "1"),
+        r"--fold k and --folds K go together \(e\.g\. --fold 0 --folds 3\)",
+    ),
+    Case(
+        "fold-out-of-range",
+        "localize --fold 3 --folds 3",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "capitals", "--fold", "3", "--folds", "3"
+        ),  # fmt: skip
+        r"--fold 3 --folds 3: want --folds K >= 2 and 0 <= --fold < K",
+    ),
+    Case(
+        "fold-theory",
+        "localize --model theory --fold 0 --folds 3",
+        lambda t: _localize("theory", t / "run", "--task", "A", "--fold", "0", "--folds", "3"),
+        r"--fold: the theory tasks draw fresh samples \(no finite cluster space to split into "
+        r"folds\); run theory without --fold",
+    ),
+    Case(
+        "fold-too-small",
+        "localize --task agreement --fold 0 --folds 50 (50 clusters)",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "agreement", "--fold", "0", "--folds", "50"
+        ),  # fmt: skip
+        r"task 'agreement' has 50 clusters: 50 folds leave fold 0 1, and a discovery and a "
+        r"held-out panel need one each: use fewer --folds",
+    ),
+    Case(
         "batch-size-zero",
         "localize --batch-size 0",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--batch-size", "0"),

@@ -89,3 +89,25 @@ def test_classify_changes_counts_only_changed_verdicts():
     counts = classify_changes([ctx] * 5, intact, ablated)
     assert counts["rescued"] == dict.fromkeys(CATEGORIES, 0) | {"echo": 1, "shot": 1}
     assert counts["damaged"] == dict.fromkeys(CATEGORIES, 0) | {"format": 1}
+
+
+def test_recurrence_counts_independent_searches_only():
+    """summarize: recurrence over runs on distinct folds of one split; runs without a fold (their
+    panels may overlap) and a second run on the same fold are left out."""
+    from cel_numpy.localize.summary import head_recurrence
+
+    def row(primary, fold=None, kind="localize"):
+        return {"kind": kind, "model": "m", "task": "capitals", "primary": primary,
+                "finalists": [primary], "fold": fold}  # fmt: skip
+
+    rows = [
+        row("L1H1+L2H2", {"k": 0, "folds": 3}),
+        row("L1H1", {"k": 1, "folds": 3}),
+        row("L1H1", {"k": 1, "folds": 3}),  # the same fold again: not independent
+        row("L1H1", None),  # no fold: panels may overlap
+        row("L1H1", {"k": 0, "folds": 2}),  # another split: fewer folds run, left out
+        row("L1H1", {"k": 2, "folds": 3}, kind="test-heads"),
+    ]
+    rec = head_recurrence(rows)["capitals"]
+    assert rec["runs"] == 2 and rec["not_independent"] == 3
+    assert rec["primary"] == {"L1H1": 2, "L2H2": 1}

@@ -441,3 +441,58 @@ def test_arithmetic_2shot_skips_its_examples():
 def test_arithmetic_is_a_fresh_instance_equal_in_behaviour():
     """Tasks carry no hidden state: a new instance produces the same items."""
     assert Arithmetic().item_at("mul2", 1234) == ARITH.item_at("mul2", 1234)
+
+
+# --------------------------------------------------------------------------- folds
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_folds_share_no_cluster(name):
+    """Replications on different folds share no cluster, in discovery or held-out, whatever their
+    panel seeds; one fold's panels from two seeds stay inside that fold."""
+    task = TASKS[name]
+    n_d, n_h = (10, 30) if name == "agreement" else (30, 90)
+    clusters = []
+    for k in range(3):
+        d, h = make_panels(task, n_d, n_h, seed=100 + k, fold=(k, 3))
+        clusters.append({it.cluster for it in d + h})
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not clusters[a] & clusters[b], f"folds {a} and {b} share clusters"
+    if name not in ("arithmetic", "arithmetic_2shot", "arithmetic_chat"):
+        d2, h2 = make_panels(task, n_d, n_h, seed=999, fold=(1, 3))
+        assert not {it.cluster for it in d2 + h2} & (clusters[0] | clusters[2])
+
+
+def test_fold_split_is_balanced_and_fixed():
+    from cel_numpy.tasks.panels import fold_members, fold_sizes
+
+    cap = TASKS["capitals"]
+    members = [set(fold_members(cap, "lookup", (k, 3)).tolist()) for k in range(3)]
+    assert set().union(*members) == set(range(len(cap.pairs)))
+    assert sum(map(len, members)) == len(cap.pairs)
+    assert fold_sizes(cap, 3) == [len(m) for m in members] == [55, 55, 55]
+    # the split depends on (task, K) only, not on the panel seed
+    d, h = make_panels(cap, 20, 40, seed=1, fold=(2, 3))
+    index = {c: i for i, (c, _) in enumerate(cap.pairs)}
+    assert {index[it.cluster] for it in d + h} <= members[2]
+
+
+def test_no_fold_panels_are_unchanged():
+    """fold=None draws exactly as before folds existed (the same rng calls)."""
+    for name in ("capitals", "ioi", "arithmetic"):
+        assert make_panels(TASKS[name], 20, 40, seed=3) == make_panels(
+            TASKS[name], 20, 40, seed=3, fold=None
+        )
+
+
+def test_fold_layout_of_the_readme_sizes():
+    """3 folds at 100 discovery + 300 held-out items (docs/design.md#panels)."""
+    layout = {
+        name: panel_layout(TASKS[name], 100, 300, (0, 3))
+        for name in ("capitals", "antonyms", "ioi", "arithmetic")
+    }
+    assert layout["capitals"]["heldout"]["clusters"] == 41
+    assert layout["antonyms"]["heldout"]["clusters"] == 63
+    assert layout["ioi"]["heldout"]["clusters"] == 190
+    assert layout["arithmetic"]["heldout"]["clusters"] == 300

@@ -79,13 +79,14 @@ def cel_numpy_version() -> str:
 
 
 def build_panels(
-    task, n_discovery: int, n_heldout: int, seed: int
+    task, n_discovery: int, n_heldout: int, seed: int, fold: tuple[int, int] | None = None
 ) -> tuple[list[Item], list[Item]]:
-    """Disjoint discovery and held-out panels of distinct items (`cel_numpy.tasks.make_panels`)."""
+    """Disjoint discovery and held-out panels of distinct items (`cel_numpy.tasks.make_panels`);
+    with fold=(k, K) from fold k of the task's K cluster folds only."""
     from cel_numpy.tasks.panels import make_panels
 
     try:
-        return make_panels(task, n_discovery, n_heldout, seed)
+        return make_panels(task, n_discovery, n_heldout, seed, fold)
     except ValueError as err:
         raise UserError(str(err)) from None
 
@@ -207,6 +208,7 @@ class Localizer:
         tie_break: str = "logprob",
         null_sets: int = 0,
         null_seed: int | None = None,
+        fold: tuple[int, int] | None = None,
     ):
         if n_discovery < 1 or n_heldout < 1:
             raise UserError(
@@ -225,6 +227,7 @@ class Localizer:
         if null_sets < 0:
             raise UserError(f"--null-sets must be >= 0, got {null_sets}")
         self.tie_break = tie_break
+        self.fold = None if fold is None else (int(fold[0]), int(fold[1]))
         self.null_sets = int(null_sets)
         self.null_seed = int(seed if null_seed is None else null_seed)
         self.screen_method, self.n_candidates = screen, int(n_candidates)
@@ -248,7 +251,9 @@ class Localizer:
             print(msg, file=self.stream, flush=True)
 
     def _setup(self) -> None:
-        discovery, heldout = build_panels(self.task, self.n_discovery, self.n_heldout, self.seed)
+        discovery, heldout = build_panels(
+            self.task, self.n_discovery, self.n_heldout, self.seed, self.fold
+        )
         self.panels = {"discovery": discovery, "heldout": heldout}
         for t in self.cross_tasks:
             self.panels[f"cross-{t.name}"] = cross_panel(t, self.n_heldout, self.seed)
@@ -287,6 +292,8 @@ class Localizer:
         }
         if self.screen_method != "exact":
             manifest["screen"] = {"method": self.screen_method, "n_candidates": self.n_candidates}
+        if self.fold is not None:  # absent otherwise, so runs written before folds still resume
+            manifest["fold"] = {"k": self.fold[0], "folds": self.fold[1]}
         self.manifest = rd.check_or_write_manifest(self.out, manifest)
         for name, items in self.panels.items():
             path = self.out / "panels" / f"{name}.jsonl"

@@ -75,6 +75,7 @@ def summarize(run_dirs) -> dict:
                 "nulls": p.get("nulls"),
                 "crosstask": {k: v for k, v in p.get("crosstask", {}).items()},
                 "finalists": finalists,
+                "fold": m.get("fold"),
                 "wall_seconds": sum(seconds) if seconds else None,
             }
         )
@@ -86,10 +87,14 @@ def summarize(run_dirs) -> dict:
 
 
 def head_recurrence(rows: list[dict]) -> dict[str, dict]:
-    """Per task, how many searches hold each head in their primary set and among their
-    finalists. A head belongs to one model: when the rows hold several models, the key is
+    """Per task, how many independent searches hold each head in their primary set and among
+    their finalists. A head belongs to one model: when the rows hold several models, the key is
     "model task". Only searches count (`localize` runs): a test-heads run's set was given to it,
-    so counting it would count one finding twice."""
+    so counting it would count one finding twice. Only independent searches count: runs on
+    distinct folds of one split into K cluster folds (`--fold k --folds K`), which share no
+    cluster; the first run of each fold is kept (the split with the most folds run wins), and
+    runs without a fold, whose panels may overlap, are left out ("not_independent" says how
+    many)."""
     several = len({row["model"] for row in rows}) > 1
     by_task = defaultdict(list)
     for row in rows:
@@ -98,12 +103,19 @@ def head_recurrence(rows: list[dict]) -> dict[str, dict]:
         by_task[f"{row['model']} {row['task']}" if several else row["task"]].append(row)
     recurrence = {}
     for task, task_rows in by_task.items():
-        primary, finalist = Counter(), Counter()
+        by_split = defaultdict(dict)  # K -> {k: first row on fold k}
         for row in task_rows:
+            if row.get("fold"):
+                by_split[row["fold"]["folds"]].setdefault(row["fold"]["k"], row)
+        best = max(by_split.values(), key=len, default={})
+        independent = [best[k] for k in sorted(best)]
+        primary, finalist = Counter(), Counter()
+        for row in independent:
             primary.update(row["primary"].split("+"))
             finalist.update({h for name in row["finalists"] for h in name.split("+")})
         recurrence[task] = {
-            "runs": len(task_rows),
+            "runs": len(independent),
+            "not_independent": len(task_rows) - len(independent),
             "primary": dict(primary.most_common()),
             "finalists": dict(finalist.most_common()),
         }
