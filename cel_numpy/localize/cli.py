@@ -168,7 +168,8 @@ def register(subparsers) -> None:
 
 
 def add_fold_arguments(p) -> None:
-    """--fold k --folds K: panels from one of K cluster-disjoint folds (independent replications)."""
+    """--fold k --folds K: panels from one of K cluster-disjoint folds (independent
+    replications)."""
     p.add_argument(
         "--folds",
         type=int,

@@ -18,17 +18,18 @@ in order (held-out continuing where discovery stopped). Clusters:
        most one, continuing across subtasks), and each cluster's items are distinct indices
        within it (`rng.choice` again).
 
-For example capitals (152 clusters), discovery 100 + held-out 300: 38 and 114 clusters, 2-3
-items per country in discovery and 2-3 in held-out; 20 + 300: 10 and 142 clusters.
+For example capitals (165 clusters), discovery 100 + held-out 300: 41 and 124 clusters, 2-3
+items per country in each panel; 20 + 300: 10 and 155 clusters.
 `panel_layout(task, n_discovery, n_heldout)` gives these numbers for any request.
 
 Folds (independent replications): with `fold=(k, K)` the clusters of each subtask are split
 into K disjoint folds by a seed fixed per (task, K) -- the same split for every panel seed and
 every subtask with as many clusters -- and both panels take their clusters from fold k only,
-so replications on different folds share no cluster, in discovery or held-out. A space of at most `_FOLD_PERMUTE_LIMIT`
-clusters is permuted once and dealt round-robin (fold sizes differ by at most one); a larger one
-(arithmetic) assigns cluster c to fold sha256(task, K, c) mod K, and clusters are drawn
-uniformly and kept when they fall in fold k. `fold_sizes(task, K)` gives the clusters per fold.
+so replications on different folds share no cluster, in discovery or held-out. A space of at
+most `_FOLD_PERMUTE_LIMIT` clusters is permuted once and dealt round-robin (fold sizes differ by
+at most one); a larger one (arithmetic) assigns cluster c to fold sha256(task, K, c) mod K,
+and clusters are drawn uniformly and kept when they fall in fold k. `fold_sizes(task, K)`
+gives the clusters per fold.
 
 Any other object following the `Task` protocol (the theory tasks) is served by drawing
 `task.sample` in rounds and keeping first occurrences of each `Item.id`, an item going to the
