@@ -92,22 +92,22 @@ def test_classify_changes_counts_only_changed_verdicts():
 
 
 def test_recurrence_counts_independent_searches_only():
-    """summarize: recurrence over runs on distinct folds of one split; runs without a fold (their
-    panels may overlap) and a second run on the same fold are left out."""
+    """summarize: recurrence over searches whose panels share no cluster with the searches kept
+    before them (in table order); overlapping runs and test-heads runs are left out."""
     from cel_numpy.localize.summary import head_recurrence
 
-    def row(primary, fold=None, kind="localize"):
+    def row(primary, clusters, kind="localize"):
         return {"kind": kind, "model": "m", "task": "capitals", "primary": primary,
-                "finalists": [primary], "fold": fold}  # fmt: skip
+                "finalists": [primary], "clusters": clusters}  # fmt: skip
 
     rows = [
-        row("L1H1+L2H2", {"k": 0, "folds": 3}),
-        row("L1H1", {"k": 1, "folds": 3}),
-        row("L1H1", {"k": 1, "folds": 3}),  # the same fold again: not independent
-        row("L1H1", None),  # no fold: panels may overlap
-        row("L1H1", {"k": 0, "folds": 2}),  # another split: fewer folds run, left out
-        row("L1H1", {"k": 2, "folds": 3}, kind="test-heads"),
+        row("L1H1+L2H2", ["France", "Peru"]),  # fold 0
+        row("L1H1", ["Chile", "Japan"]),  # fold 1
+        row("L1H1", ["Japan", "Cuba"]),  # shares Japan with the second: left out
+        row("L1H1", ["France"]),  # nested in the first: left out
+        row("L1H1", ["Oman"], kind="test-heads"),  # a given set: never counted
+        row("L2H2", ["Cuba"]),  # the third was left out, so Cuba is free
     ]
     rec = head_recurrence(rows)["capitals"]
-    assert rec["runs"] == 2 and rec["not_independent"] == 3
-    assert rec["primary"] == {"L1H1": 2, "L2H2": 1}
+    assert rec["runs"] == 3 and rec["not_independent"] == 2
+    assert rec["primary"] == {"L1H1": 2, "L2H2": 2}
