@@ -6,6 +6,7 @@ import pytest
 from cel_numpy.tasks import Item, get_task
 from cel_numpy.tasks.base import AnswerContext, answer_context
 from cel_numpy.tasks.changes import CATEGORIES, classify_change, classify_changes, normalize
+from tests.test_localize import trained_theory  # noqa: F401
 
 ANT = get_task("antonyms")
 CAP = get_task("capitals")
@@ -111,3 +112,69 @@ def test_recurrence_counts_independent_searches_only():
     rec = head_recurrence(rows)["capitals"]
     assert rec["runs"] == 3 and rec["not_independent"] == 2
     assert rec["primary"] == {"L1H1": 2, "L2H2": 2}
+
+
+# --------------------------------------------------------------------------- resample ablation
+
+
+def test_resample_donors_are_a_seeded_derangement_across_clusters():
+    from cel_numpy.errors import UserError
+    from cel_numpy.localize.resample import resample_donors
+
+    clusters = ["a"] * 3 + ["b"] * 2 + ["c"] * 4 + ["d"] * 5 + [f"s{i}" for i in range(6)]
+    for seed in range(20):
+        d = resample_donors(clusters, seed)
+        assert sorted(d.tolist()) == list(range(len(clusters)))  # a permutation
+        assert all(clusters[i] != clusters[j] for i, j in enumerate(d))  # never its own cluster
+    assert resample_donors(clusters, 1).tolist() == resample_donors(clusters, 1).tolist()
+    assert resample_donors(clusters, 1).tolist() != resample_donors(clusters, 2).tolist()
+    assert resample_donors(["x", "y"], 0).tolist() == [1, 0]
+    with pytest.raises(UserError, match="largest cluster 3"):
+        resample_donors(["a", "a", "a", "b", "c"], 0)
+
+
+def test_theory_resample_takes_the_donors_head_outputs(trained_theory):  # noqa: F811
+    """TheoryEvaluator: a removed head outputs what it outputs on the donor sample."""
+    import numpy as np
+
+    from cel_numpy.localize.evaluate import TheoryEvaluator, TheoryTask, items_to_batch
+    from cel_numpy.localize.resample import resample_donors
+    from cel_numpy.theory.model import theory_forward
+
+    params, world = trained_theory
+    task = TheoryTask("A", world)
+    items = task.sample(np.random.default_rng(0), 40)
+    ev = TheoryEvaluator(params, task, ablation="resample", resample_seed=4)
+    _, cache = theory_forward(ev.params, items_to_batch(items))
+    o = cache.head_outputs  # (B, H)
+    donors = resample_donors([it.cluster for it in items], 4)
+    expected = o.sum(axis=1) - o[:, 1] + o[donors, 1]
+    np.testing.assert_allclose(ev.predict(items, ((0, 1),)), expected, atol=1e-12)
+    np.testing.assert_allclose(ev.predict(items, ()), o.sum(axis=1), atol=1e-12)
+
+
+def test_cli_test_heads_three_ablations_on_the_theory_model(tmp_path, trained_theory, capsys):  # noqa: F811
+    """--ablation zero|mean|resample on one held-out panel; the manifest records the kind."""
+    import json
+
+    import numpy as np
+
+    from cel_numpy.cli import main
+
+    params, _ = trained_theory
+    np.savez(tmp_path / "params.npz", K=params["K"], V=params["V"])
+    gains = {}
+    for kind in ("zero", "mean", "resample"):
+        out = tmp_path / kind
+        argv = ["test-heads", "--model", f"theory:{tmp_path / 'params.npz'}", "--task", "A",
+                "--heads", "L0H0", "--heldout", "120", "--seed", "2", "--ablation", kind,
+                "--out", str(out), "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["model"]["ablation"] == kind
+        assert ("resample_seed" in manifest["model"]) == (kind == "resample")
+        report = json.loads((out / "report.json").read_text())
+        gains[kind] = report["primary"]["heldout"]["gain"]
+        assert set(report["primary"]["changes"]) == {"rescued", "damaged"}
+    capsys.readouterr()
+    assert len(set(gains.values())) > 1, gains  # three interventions, not one

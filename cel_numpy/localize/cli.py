@@ -279,8 +279,9 @@ def theory_setup(args, which: str, cross_names: list[str]):
 
     def make_evaluator(t, reference_items):
         return TheoryEvaluator(
-            params, t, ablation=args.ablation, reference_items=reference_items, label=label
-        )
+            params, t, ablation=args.ablation, reference_items=reference_items, label=label,
+            resample_seed=args.seed,
+        )  # fmt: skip
 
     return task, cross, make_evaluator
 
@@ -429,6 +430,7 @@ def lm_setup(args, task, cross):
                 batch_size=args.batch_size,
                 spec=args.model,
                 file_identity=ident,
+                resample_seed=args.seed,
             )
         return cache[t.name]
 
@@ -638,7 +640,14 @@ def register_test_heads(subparsers) -> None:
     )
     p.add_argument("--null-sets", type=int, default=0, metavar="N", help="random sets (0)")
     p.add_argument("--null-seed", type=int, default=None, metavar="S", help="default: --seed")
-    p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
+    p.add_argument(
+        "--ablation",
+        choices=("zero", "mean", "resample"),
+        default="zero",
+        help="what a removed head's z becomes: zero (default); mean: its mean over the discovery "
+        "prompts; resample: per held-out item, the mean z of a donor item of the same panel from "
+        "another cluster (a derangement seeded by --seed; docs/design.md#ablations)",
+    )
     p.add_argument(
         "--batch-size", type=int, default=BATCH_SIZE, help=f"prompts per forward ({BATCH_SIZE})"
     )
