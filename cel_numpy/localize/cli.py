@@ -184,6 +184,12 @@ def add_fold_arguments(p) -> None:
     )
 
 
+def resample_seed(args) -> int:
+    """The donors' seed of resample ablation: --resample-seed (test-heads), else the panel seed."""
+    seed = getattr(args, "resample_seed", None)
+    return args.seed if seed is None else seed
+
+
 def fold_option(args) -> tuple[int, int] | None:
     """(k, K) from --fold/--folds, None without them; OptionError when only one is given."""
     if args.fold is None and args.folds is None:
@@ -280,7 +286,7 @@ def theory_setup(args, which: str, cross_names: list[str]):
     def make_evaluator(t, reference_items):
         return TheoryEvaluator(
             params, t, ablation=args.ablation, reference_items=reference_items, label=label,
-            resample_seed=args.seed,
+            resample_seed=resample_seed(args),
         )  # fmt: skip
 
     return task, cross, make_evaluator
@@ -430,7 +436,7 @@ def lm_setup(args, task, cross):
                 batch_size=args.batch_size,
                 spec=args.model,
                 file_identity=ident,
-                resample_seed=args.seed,
+                resample_seed=resample_seed(args),
             )
         return cache[t.name]
 
@@ -646,7 +652,14 @@ def register_test_heads(subparsers) -> None:
         default="zero",
         help="what a removed head's z becomes: zero (default); mean: its mean over the discovery "
         "prompts; resample: per held-out item, the mean z of a donor item of the same panel from "
-        "another cluster (a derangement seeded by --seed; docs/design.md#ablations)",
+        "another cluster (a derangement seeded by --resample-seed; docs/design.md#ablations)",
+    )
+    p.add_argument(
+        "--resample-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="with --ablation resample: the seed of the donors (default: --seed)",
     )
     p.add_argument(
         "--batch-size", type=int, default=BATCH_SIZE, help=f"prompts per forward ({BATCH_SIZE})"

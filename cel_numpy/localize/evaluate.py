@@ -41,7 +41,7 @@ from cel_numpy.localize.conditions import (
     condition_name,
     normalize_condition,
 )
-from cel_numpy.localize.resample import resample_donors
+from cel_numpy.localize.resample import resample_donors, rows_of
 from cel_numpy.localize.scoring import (
     choice_results,
     continuation_logprob,
@@ -99,12 +99,6 @@ def _check_ablation(ablation: str, reference_items) -> None:
         raise ValueError(
             "mean ablation needs reference_items (the prompts whose mean z replaces a head)"
         )
-
-
-def rows_of(fill: np.ndarray | None, rows) -> np.ndarray | None:
-    """A fill for a subset of the items: (L, H, E) as it is, a fill per item (L, N, H, E) at
-    `rows` (a slice or index list)."""
-    return fill if fill is None or fill.ndim == 3 else fill[:, rows]
 
 
 class LMEvaluator:

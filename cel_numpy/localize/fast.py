@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cel_numpy.localize.conditions import Condition, ExampleResult, check_heads, normalize_condition
-from cel_numpy.localize.evaluate import rows_of
+from cel_numpy.localize.resample import rows_of
 from cel_numpy.localize.scoring import (
     choice_results,
     continuation_logprob,

@@ -49,3 +49,9 @@ def resample_donors(clusters: Sequence[str], seed: int) -> np.ndarray:
     for p, i in enumerate(order):
         donors[i] = order[(p + m) % n]
     return donors
+
+
+def rows_of(fill: np.ndarray | None, rows) -> np.ndarray | None:
+    """A fill for a subset of the items: None or (L, H, E) as it is, a fill per item
+    (L, N, H, E) at `rows` (a slice or an index list)."""
+    return fill if fill is None or fill.ndim == 3 else fill[:, rows]
