@@ -788,6 +788,15 @@ CASES = [
         r"held-out panel need one each: use fewer --folds",
     ),
     Case(
+        "resample-one-cluster",
+        "test-heads --ablation resample on a held-out panel of one cluster",
+        lambda t: ["test-heads", "--model", "smollm2", "--task", "agreement", "--heads", "L1H1",
+                   "--heldout", "2", "--ablation", "resample", "--out", str(t / "run")],  # fmt: skip
+        r"resample ablation takes each item's donor from another cluster: the panel has 2 items "
+        r"and its largest cluster 2; it needs at least twice as many items as its largest "
+        r"cluster holds \(use a larger panel or another ablation\)",
+    ),
+    Case(
         "batch-size-zero",
         "localize --batch-size 0",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--batch-size", "0"),
@@ -969,7 +978,7 @@ def test_bad_input_is_one_clear_line(case, tmp_path):
     lines = err.splitlines()
     assert len(lines) == 1, f"expected exactly one line on stderr, got:\n{err}"
     assert status == case.status, err
-    assert re.match(r"cel-numpy \w+: error: ", lines[0]), lines[0]
+    assert re.match(r"cel-numpy [\w-]+: error: ", lines[0]), lines[0]
     assert re.search(case.expect, lines[0]), lines[0]
     assert "Traceback" not in err
 

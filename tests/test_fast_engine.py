@@ -374,6 +374,19 @@ def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     assert_same_results(fast, naive, atol=2e-2)
 
 
+def test_smollm2_resample_ablation_fast_equals_naive(smollm2):
+    """Resample ablation on the real model: donors' mean z in the prompt, answer and decode."""
+    from cel_numpy.tasks import get_task
+
+    task = get_task("capitals")
+    items, _ = make_panels(task, 4, 1, 0)
+    conds = [(), ((2, 1), (25, 0))]
+    kw = dict(ablation="resample", resample_seed=1, batch_size=4)
+    fast = LMEvaluator(smollm2, task, **kw).evaluate_many(items, conds)
+    naive = LMEvaluator(smollm2, task, fast=False, **kw).evaluate_many(items, conds)
+    assert_same_results(fast, naive, atol=2e-2)
+
+
 def test_keep_freed_memory_is_on_with_glibc_and_off_on_request():
     """`prepare` turns glibc's freed-memory reuse on (mallopt accepted); CEL_NUMPY_SYSTEM_MALLOC=1
     leaves the system's default, in a fresh process."""

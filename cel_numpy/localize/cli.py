@@ -517,10 +517,17 @@ def _prepare(args):
     else:
         task, cross = lm_tasks(args)
         check_panel_sizes(task, cross, args.discovery, args.heldout)
-        if fold_option(args) is not None:  # a fold holds about 1/K of the clusters: try it now
+        if fold_option(args) is not None or args.ablation == "resample":
+            from cel_numpy.localize.resample import resample_donors
             from cel_numpy.localize.routine import build_panels
 
-            build_panels(task, args.discovery, args.heldout, args.seed, fold_option(args))
+            # a fold holds about 1/K of the clusters, and resample donors need other clusters:
+            # both are settled by the panels, which cost milliseconds, so try them now
+            _, heldout = build_panels(
+                task, args.discovery, args.heldout, args.seed, fold_option(args)
+            )
+            if args.ablation == "resample":
+                resample_donors([it.cluster for it in heldout], resample_seed(args))
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
     if theory:
         task, cross, make_evaluator = theory_setup(args, which, cross_names)
