@@ -790,8 +790,21 @@ CASES = [
     Case(
         "resample-one-cluster",
         "test-heads --ablation resample on a held-out panel of one cluster",
-        lambda t: ["test-heads", "--model", "smollm2", "--task", "agreement", "--heads", "L1H1",
-                   "--heldout", "2", "--ablation", "resample", "--out", str(t / "run")],  # fmt: skip
+        lambda t: [
+            "test-heads",
+            "--model",
+            "smollm2",
+            "--task",
+            "agreement",
+            "--heads",
+            "L1H1",
+            "--heldout",
+            "2",
+            "--ablation",
+            "resample",
+            "--out",
+            str(t / "run"),
+        ],
         r"resample ablation takes each item's donor from another cluster: the panel has 2 items "
         r"and its largest cluster 2; it needs at least twice as many items as its largest "
         r"cluster holds \(use a larger panel or another ablation\)",
