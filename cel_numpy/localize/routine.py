@@ -53,6 +53,7 @@ from cel_numpy.localize.ranking import (
     TIE_BREAKS,
     Scored,
     all_heads,
+    check_null_sets,
     decided_by,
     draw_null_sets,
     joint_enumeration,
@@ -266,6 +267,7 @@ class Localizer:
         ev = self.evaluators["discovery"]
         self.n_layers, self.n_heads = int(ev.n_layers), int(ev.n_heads)
         self._check_model()  # before anything is written
+        check_null_sets(self.null_sets, self.n_layers, self.n_heads, self._null_set_size())
         manifest = {
             "format": rd.FORMAT,
             "kind": self.kind,
@@ -294,6 +296,12 @@ class Localizer:
             manifest["screen"] = {"method": self.screen_method, "n_candidates": self.n_candidates}
         if self.fold is not None:  # absent otherwise, so runs written before folds still resume
             manifest["fold"] = {"k": self.fold[0], "folds": self.fold[1]}
+        if hasattr(ev, "prompts_sha256"):  # language models: the texts the model reads
+            tasks = {"discovery": self.task, "heldout": self.task}
+            tasks.update({f"cross-{t.name}": t for t in self.cross_tasks})
+            manifest["prompt_hashes"] = {
+                name: ev.prompts_sha256(tasks[name], items) for name, items in self.panels.items()
+            }
         self.manifest = rd.check_or_write_manifest(self.out, manifest)
         for name, items in self.panels.items():
             path = self.out / "panels" / f"{name}.jsonl"
@@ -310,6 +318,10 @@ class Localizer:
 
     def _check_model(self) -> None:
         pass
+
+    def _null_set_size(self) -> int | None:
+        """Heads per null set, when known before the search (None: the rank-1 set's size)."""
+        return None
 
     def _evaluator_for(self, panel: str):
         if panel not in self.evaluators:
@@ -503,7 +515,7 @@ class Localizer:
                 },
             )
         try:
-            saved = json.loads(path.read_text())
+            saved = rd.read_json_object(path, rd._fresh_hint("screen"))
             estimate = saved["estimate"]
             ok = (
                 saved["manifest_key"]
@@ -594,10 +606,7 @@ class Localizer:
         }
         path = self.out / "finalists.json"
         if path.exists():
-            try:
-                on_disk = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                on_disk = None
+            on_disk = rd.read_json_object(path, rd._fresh_hint("joint"))
             if on_disk != frozen:
                 raise rd.RunDirError(
                     f"{path} does not match the joint search records; {rd._fresh_hint('joint')}"
@@ -723,7 +732,7 @@ class Localizer:
         for stage in self.stages:
             done = rd.stage_paths(self.out, stage)[1]
             if done.exists():
-                out[stage] = json.loads(done.read_text()).get("seconds")
+                out[stage] = rd.read_json_object(done, rd._fresh_hint(stage)).get("seconds")
         return out
 
     # ------------------------------------------------------------------ driver
@@ -772,6 +781,9 @@ class HeadSetTest(Localizer):
         from cel_numpy.heads import check_heads
 
         check_heads(self.heads, self.n_layers, self.n_heads, what="--heads")
+
+    def _null_set_size(self) -> int | None:
+        return len(self.heads)
 
     def report(self):
         from cel_numpy.localize.report import write_test_report
