@@ -667,8 +667,8 @@ CASES = [
             "--cross-tasks",
             "none",
         ),
-        r"task 'capitals' \((discovery|heldout) panel\): a prompt needs \d+ tokens with its "
-        r"answer, more than the model's context of 64 tokens",
+        r"a prompt of task 'capitals' \((discovery|heldout) panel\) is \d+ characters, at least "
+        r"\d+ tokens: more than the 64 tokens of the model's context: shorten it",
     ),
     # ------------------------------------------------------------------ options
     Case(
