@@ -500,6 +500,11 @@ class Localizer:
                     "--screen gradient needs a language model (its backward pass); "
                     "use --screen exact"
                 )
+            if getattr(ev, "ablation", "zero") == "resample":
+                raise UserError(
+                    "--screen gradient estimates zero or mean ablation, not resample ablation "
+                    "(a fill per item); use --screen exact"
+                )
             from cel_numpy.localize.gradient import gradient_screen
 
             self._say("screen     gradient pre-filter: one forward + backward per batch")
