@@ -146,14 +146,16 @@ def softmax_attention_backward(
 class HeadMaskCache:
     z: np.ndarray  # (B, H, T, E) per-head outputs before the mask
     head_mask: np.ndarray  # (H,)
-    fill: np.ndarray | None  # (H, E) value an ablated head is replaced by; None = zero
+    fill: np.ndarray | None  # (H, E) or per row (B, H, E): what an ablated head becomes; None = 0
 
 
 def head_mask_forward(z: np.ndarray, head_mask: np.ndarray, fill: np.ndarray | None = None):
     """z'_h = m_h z_h + (1 - m_h) fill_h.   z (B, H, T, E), head_mask (H,), fill (H, E) or None.
 
     m_h = 1 keeps head h, m_h = 0 removes it: zero ablation without `fill`, mean ablation with
-    fill = the head's mean output. A mask of ones without fill returns z bitwise unchanged.
+    fill = the head's mean output; a fill per row (B, H, E) gives each row its own value
+    (resample ablation: another item's mean output). A mask of ones without fill returns z
+    bitwise unchanged.
     """
     H = z.shape[1]
     if head_mask.shape != (H,):
@@ -161,7 +163,7 @@ def head_mask_forward(z: np.ndarray, head_mask: np.ndarray, fill: np.ndarray | N
     m = head_mask[:, None, None]  # (H, 1, 1)
     out = z * m  # (B, H, T, E)
     if fill is not None:
-        out = out + (1.0 - m) * fill[:, None, :]
+        out = out + (1.0 - m) * np.expand_dims(fill, -2)  # (H, 1, E) or (B, H, 1, E)
     return out, HeadMaskCache(z=z, head_mask=head_mask, fill=fill)
 
 
@@ -169,7 +171,7 @@ def head_mask_backward(dout: np.ndarray, cache: HeadMaskCache):
     """dout (B, H, T, E) -> dz (B, H, T, E), dhead_mask (H,)."""
     m = cache.head_mask[:, None, None]  # (H, 1, 1)
     dz = dout * m
-    contribution = cache.z if cache.fill is None else cache.z - cache.fill[:, None, :]
+    contribution = cache.z if cache.fill is None else cache.z - np.expand_dims(cache.fill, -2)
     dhead_mask = np.einsum("bhte,bhte->h", dout, contribution)  # (H,)
     return dz, dhead_mask
 

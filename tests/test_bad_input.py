@@ -680,8 +680,8 @@ CASES = [
             "--cross-tasks",
             "none",
         ),
-        r"task 'capitals' \((discovery|heldout) panel\): a prompt needs \d+ tokens with its "
-        r"answer, more than the model's context of 64 tokens",
+        r"a prompt of task 'capitals' \((discovery|heldout) panel\) is \d+ characters, at least "
+        r"\d+ tokens: more than the 64 tokens of the model's context: shorten it",
     ),
     # ------------------------------------------------------------------ options
     Case(
@@ -773,6 +773,58 @@ CASES = [
         ],
         r"task 'greater_than' can produce at most 7760 distinct items; "
         r"--discovery 5000 \+ --heldout 5000 = 10000: ask for fewer",
+    ),
+    Case(
+        "fold-alone",
+        "localize --fold 1 without --folds",
+        lambda t: _localize("smollm2", t / "run", "--task", "capitals", "--fold", "1"),
+        r"--fold k and --folds K go together \(e\.g\. --fold 0 --folds 3\)",
+    ),
+    Case(
+        "fold-out-of-range",
+        "localize --fold 3 --folds 3",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "capitals", "--fold", "3", "--folds", "3"
+        ),  # fmt: skip
+        r"--fold 3 --folds 3: want --folds K >= 2 and 0 <= --fold < K",
+    ),
+    Case(
+        "fold-theory",
+        "localize --model theory --fold 0 --folds 3",
+        lambda t: _localize("theory", t / "run", "--task", "A", "--fold", "0", "--folds", "3"),
+        r"--fold: the theory tasks draw fresh samples \(no finite cluster space to split into "
+        r"folds\); run theory without --fold",
+    ),
+    Case(
+        "fold-too-small",
+        "localize --task agreement --fold 0 --folds 50 (50 clusters)",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "agreement", "--fold", "0", "--folds", "50"
+        ),  # fmt: skip
+        r"task 'agreement' has 50 clusters: 50 folds leave fold 0 1, and a discovery and a "
+        r"held-out panel need one each: use fewer --folds",
+    ),
+    Case(
+        "resample-one-cluster",
+        "test-heads --ablation resample on a held-out panel of one cluster",
+        lambda t: [
+            "test-heads",
+            "--model",
+            "smollm2",
+            "--task",
+            "agreement",
+            "--heads",
+            "L1H1",
+            "--heldout",
+            "2",
+            "--ablation",
+            "resample",
+            "--out",
+            str(t / "run"),
+        ],
+        r"resample ablation takes each item's donor from another cluster: the panel has 2 items "
+        r"and its largest cluster 2; it needs at least twice as many items as its largest "
+        r"cluster holds \(use a larger panel or another ablation\)",
     ),
     Case(
         "batch-size-zero",

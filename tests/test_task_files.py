@@ -180,3 +180,26 @@ def test_python_api_takes_a_task_file_path(tmp_path):
                      seed=0, progress=False, command="test")  # fmt: skip
     assert isinstance(seen[0], FileTask) and seen[0].name == "ab"
     assert res["heldout"]["heldout"]["finalists"][0]["name"] == "L1H1"
+
+
+def test_folds_of_an_item_list_share_no_cluster(tmp_path):
+    """Independent replications on a file task: the panels of fold 0 and fold 1 of 2 share no
+    cluster, whatever the panel seeds; each fold holds only its own clusters; fold counts
+    that leave a fold fewer than two clusters are refused."""
+    rows = [
+        {"id": f"q{i}", "prompt": f"Item {i} is", "answer": f"a{i}", "cluster": f"c{i // 2}"}
+        for i in range(80)
+    ]
+    task = FileTask(write(tmp_path, rows))
+    clusters = []
+    for k, seed in ((0, 0), (1, 7)):
+        d, h = make_panels(task, 8, 12, seed, fold=(k, 2))
+        assert not {it.cluster for it in d} & {it.cluster for it in h}
+        clusters.append({it.cluster for it in d + h})
+    assert not clusters[0] & clusters[1], "two folds drew the same cluster"
+    again = make_panels(task, 8, 12, 3, fold=(0, 2))
+    assert {it.cluster for it in again[0] + again[1]} <= {
+        it.cluster for it in task.items if it.cluster not in clusters[1]
+    }
+    with pytest.raises(OptionError, match="folds leave fold"):
+        make_panels(task, 1, 1, 0, fold=(0, 80))

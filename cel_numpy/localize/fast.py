@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cel_numpy.localize.conditions import Condition, ExampleResult, check_heads, normalize_condition
+from cel_numpy.localize.resample import rows_of
 from cel_numpy.localize.scoring import (
     choice_results,
     continuation_logprob,
@@ -85,8 +86,9 @@ def _batches(ev, items, refs):
     return [order[i : i + ev.batch_size] for i in range(0, len(order), ev.batch_size)]
 
 
-def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True):
-    """generate_conditions on one batch: per condition, [(new ids, ref_logprob)] in batch order."""
+def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True, fill=None):
+    """generate_conditions on one batch: per condition, [(new ids, ref_logprob)] in batch order.
+    fill: what removed heads become for the batch's items (None: zero)."""
     prompts = [refs[i][0] for i in batch]
     drafts = [drafts_of(i) for i in batch]  # the reference answer first
     first = np.cumsum([0] + [len(d) for d in drafts])[:-1]  # row of each prompt's reference
@@ -95,7 +97,7 @@ def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True):
         return [continuation_logprob(logits[c], refs[i][1]) for c, i in zip(first, batch)]
 
     new, scores = generate_conditions(
-        prepare(ev.model), prompts, conds, ev.mean_z, _stop(ev),
+        prepare(ev.model), prompts, conds, fill, _stop(ev),
         drafts=drafts, score=score, share_prefix=ev.share_prefix, verify=ev.forced,
         cache=_cache(ev) if keep_intact else None,
     )  # fmt: skip
@@ -152,8 +154,10 @@ def _generate(ev, items, conds):
 
     found: dict[Condition, list] = {c: [None] * len(items) for c in conds}
     ablated = [c for c in dict.fromkeys(conds) if c or not use_drafts]
+    fill = ev.fill_for(items) if ablated else None
     for batch in _batches(ev, items, refs) if ablated else []:
-        for c, out in zip(ablated, _run(ev, items, refs, batch, ablated, drafts_of)):
+        runs = _run(ev, items, refs, batch, ablated, drafts_of, fill=rows_of(fill, batch))
+        for c, out in zip(ablated, runs):
             for i, res in zip(batch, out):
                 found[c][i] = res
     if () in found and use_drafts:
@@ -227,10 +231,42 @@ def _choice_tree(ev, prep, items, conds, scores) -> None:
                 scores[k, i, j] = lp
 
 
+def _choice_per_row(ev, prep, items, conds, scores, fill) -> None:
+    """Multi-token choices with a per-item fill (resample ablation): one padded row per (item,
+    choice), so each row carries its own item's fill; no prefix tree. Fills scores in place."""
+    model = ev.model
+    rows = []  # (item index, choice index, ids, start)
+    for i, it in enumerate(items):
+        for j, ch in enumerate(it.choices):
+            ids, start = ev.continuation_ids(it.prompt, ch)
+            rows.append((i, j, ids, start))
+    for b0 in range(0, len(rows), ev.batch_size):
+        chunk = rows[b0 : b0 + ev.batch_size]
+        ids, mask = model.pad([r[2] for r in chunk])
+        # scored positions, at the end
+        n = max(len(seq) - start for _, _, seq, start in chunk) + 1
+
+        def reduce(lg, chunk=chunk):  # (b, n, V) right-aligned -> (b,) log-probs
+            return [
+                continuation_logprob(lg[r], seq[start:])
+                for r, (_, _, seq, start) in enumerate(chunk)
+            ]
+
+        logits = ablated_readout(
+            prep, ids, mask, conds, rows_of(fill, [r[0] for r in chunk]),
+            readout=slice(-n, None), reduce=reduce, share_prefix=ev.share_prefix,
+            cache=_cache(ev),
+        )  # fmt: skip
+        for k, logps in enumerate(logits):
+            for (i, j, _, _), lp in zip(chunk, logps):
+                scores[k, i, j] = lp
+
+
 def _choice(ev, items, conds):
     model = ev.model
     prep = prepare(model)
     scores = np.full((len(conds), len(items), max(len(it.choices) for it in items)), -np.inf)
+    fill = ev.fill_for(items)
     single = _single_token_choices(ev, items)
     if single is not None:
         for start in range(0, len(items), ev.batch_size):
@@ -241,12 +277,16 @@ def _choice(ev, items, conds):
                 return [next_token_log_softmax(lg[b, 0])[toks] for b, (_, toks) in enumerate(chunk)]
 
             logits = ablated_readout(
-                prep, ids, mask, conds, ev.mean_z, readout=slice(-1, None), reduce=reduce,
-                share_prefix=ev.share_prefix, cache=_cache(ev),
+                prep, ids, mask, conds, rows_of(fill, slice(start, start + len(chunk))),
+                readout=slice(-1, None), reduce=reduce, share_prefix=ev.share_prefix,
+                cache=_cache(ev),
             )  # fmt: skip
             for k, per_item in enumerate(logits):
                 for b, logp in enumerate(per_item):
                     scores[k, start + b, : len(logp)] = logp
     else:
-        _choice_tree(ev, prep, items, conds, scores)
+        if fill is None or fill.ndim == 3:  # zero or mean ablation: one fill for every row
+            _choice_tree(ev, prep, items, conds, scores)
+        else:
+            _choice_per_row(ev, prep, items, conds, scores, fill)
     return [choice_results(ev.task, items, scores[k]) for k in range(len(conds))]

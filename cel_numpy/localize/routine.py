@@ -81,13 +81,14 @@ def cel_numpy_version() -> str:
 
 
 def build_panels(
-    task, n_discovery: int, n_heldout: int, seed: int
+    task, n_discovery: int, n_heldout: int, seed: int, fold: tuple[int, int] | None = None
 ) -> tuple[list[Item], list[Item]]:
-    """Disjoint discovery and held-out panels of distinct items (`cel_numpy.tasks.make_panels`)."""
+    """Disjoint discovery and held-out panels of distinct items (`cel_numpy.tasks.make_panels`);
+    with fold=(k, K) from fold k of the task's K cluster folds only."""
     from cel_numpy.tasks.panels import make_panels
 
     try:
-        return make_panels(task, n_discovery, n_heldout, seed)
+        return make_panels(task, n_discovery, n_heldout, seed, fold)
     except ValueError as err:
         raise UserError(str(err)) from None
 
@@ -221,6 +222,7 @@ class Localizer:
         tie_break: str = "logprob",
         null_sets: int = 0,
         null_seed: int | None = None,
+        fold: tuple[int, int] | None = None,
     ):
         if n_discovery < 1 or n_heldout < 1:
             raise UserError(
@@ -239,6 +241,7 @@ class Localizer:
         if null_sets < 0:
             raise UserError(f"--null-sets must be >= 0, got {null_sets}")
         self.tie_break = tie_break
+        self.fold = None if fold is None else (int(fold[0]), int(fold[1]))
         self.null_sets = int(null_sets)
         self.null_seed = int(seed if null_seed is None else null_seed)
         self.screen_method, self.n_candidates = screen, int(n_candidates)
@@ -263,7 +266,9 @@ class Localizer:
             print(msg, file=self.stream, flush=True)
 
     def _setup(self) -> None:
-        discovery, heldout = build_panels(self.task, self.n_discovery, self.n_heldout, self.seed)
+        discovery, heldout = build_panels(
+            self.task, self.n_discovery, self.n_heldout, self.seed, self.fold
+        )
         self.panels = {"discovery": discovery, "heldout": heldout}
         for t in self.cross_tasks:
             self.panels[f"cross-{t.name}"] = cross_panel(t, self.n_heldout, self.seed)
@@ -306,6 +311,8 @@ class Localizer:
         }
         if self.screen_method != "exact":
             manifest["screen"] = {"method": self.screen_method, "n_candidates": self.n_candidates}
+        if self.fold is not None:  # absent otherwise, so runs written before folds still resume
+            manifest["fold"] = {"k": self.fold[0], "folds": self.fold[1]}
         if hasattr(ev, "prompts_sha256"):  # language models: the texts the model reads
             tasks = {"discovery": self.task, "heldout": self.task}
             tasks.update({f"cross-{t.name}": t for t in self.cross_tasks})
@@ -509,6 +516,11 @@ class Localizer:
                 raise UserError(
                     "--screen gradient needs a language model (its backward pass); "
                     "use --screen exact"
+                )
+            if getattr(ev, "ablation", "zero") == "resample":
+                raise UserError(
+                    "--screen gradient estimates zero or mean ablation, not resample ablation "
+                    "(a fill per item); use --screen exact"
                 )
             from cel_numpy.localize.gradient import gradient_screen
 

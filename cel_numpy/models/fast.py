@@ -338,14 +338,33 @@ def _attention_step(
 
 def _ablate_(z: np.ndarray, keep: np.ndarray | None, fill: np.ndarray | None) -> np.ndarray:
     """In place: z_h <- keep_h z_h + (1 - keep_h) fill_h per row.
-    z (R, H, T, E), keep (R, H), fill (H, E)."""
+    z (R, H, T, E), keep (R, H), fill (H, E) or one per row (R, H, E)."""
     if keep is None:
         return z
     m = keep[:, :, None, None]  # (R, H, 1, 1)
     z *= m
     if fill is not None:
-        z += (1.0 - m) * fill[None, :, None, :]
+        z += (1.0 - m) * np.expand_dims(fill, -2)  # (H, 1, E) or (R, H, 1, E)
     return z
+
+
+def _segment_fill(fill: np.ndarray | None, j: int, segments, s: int, n: int):
+    """Layer j's fill for the n R_s stacked rows of segment s: (H, E) as it is, or, for a fill
+    per root row (L, R_0, H, E), each row's root (segment 0 row) taken, tiled n times."""
+    if fill is None or fill.ndim == 3:
+        return None if fill is None else fill[j]
+    root = segments[s].lineage[0] if s else np.arange(segments[0].ids.shape[0])  # (R_s,)
+    return _tile(fill[j][root], n)  # (n R_s, H, E)
+
+
+def check_row_fill(fill: np.ndarray | None, n_roots: int, share_prefix: bool) -> None:
+    """A fill per row (L, B, H, E) needs one vector per prompt and no shared-prefix segment (its
+    one row would serve every prompt)."""
+    if fill is not None and fill.ndim == 4:
+        if fill.shape[1] != n_roots:
+            raise ValueError(f"a fill per row needs {n_roots} rows, got {fill.shape[1]}")
+        if share_prefix:
+            raise ValueError("a fill per row (resample ablation) needs share_prefix=False")
 
 
 def _attn_out_residual(
@@ -680,7 +699,8 @@ def ablated_tree(
 
     Returns (final {cond: (R_last, T', D)}, kv {cond: [layer][segment] (k, v)} if keep_kv). The
     state entering layer j is keyed by the condition's heads below j; the intact key () is
-    never recomputed. fill (L, H, E) for mean ablation, None for zero ablation.
+    never recomputed. fill (L, H, E) for mean ablation, (L, R_0, H, E) for a fill per root row
+    (resample ablation; the tree has no shared-prefix segment then), None for zero ablation.
     """
     config = prep.config
     L, H = config.n_layers, config.n_heads
@@ -719,7 +739,7 @@ def ablated_tree(
                 )  # (n R, Tq, D)
                 rows_keep = None if keep is None else np.repeat(keep, R, axis=0)  # (n R, H)
                 x_out = _block_rest(
-                    lw, x_in, z_in, rows_keep, None if fill is None else fill[j], config,
+                    lw, x_in, z_in, rows_keep, _segment_fill(fill, j, segments, s, n), config,
                     _real_rows(segments[s].valid[:, q], n),
                 )  # fmt: skip
                 for i, c in enumerate(children):
@@ -768,6 +788,8 @@ def ablated_readout(
     if n_read == 0 or read.step != 1 or read[-1] != T - 1:
         raise ValueError(f"readout must be the last positions (slice(-n, None)), got {readout}")
     rows = [list(ids[b][valid[b]]) for b in range(B)]
+    share_prefix = share_prefix and (fill is None or fill.ndim == 3)
+    check_row_fill(fill, B, share_prefix)
     P = common_prefix(rows, [n_read] * B) if share_prefix and B > 1 else 0
     if P:  # rows are left-padded: each keeps its last n_read real tokens in the suffix
         segments = tree(
@@ -866,7 +888,8 @@ def _decode_step(
 ) -> np.ndarray:
     """Feed one token per row at the cache's slot; the next greedy token of each row.
 
-    tokens (r,), keep (r, L, H) 0 at ablated heads -> (r,) argmax of the next-token logits.
+    tokens (r,), keep (r, L, H) 0 at ablated heads, fill (L, H, E) or per row (L, r, H, E)
+    -> (r,) argmax of the next-token logits.
     """
     config, s = prep.config, cache.slot
     cache.valid[:, s] = True
@@ -878,7 +901,7 @@ def _decode_step(
         mask, rotary = inp.for_layer(config, j)
         z, _, _ = _attention_step(lw, x, config, mask, rotary, past=cache.layer(j))
         keep_j = None if keep[:, j].all() else keep[:, j]
-        x = _block_rest(lw, x, z, keep_j, None if fill is None else fill[j], config)
+        x = _block_rest(lw, x, z, keep_j, None if fill is None else fill[j], config)  # (r, 1, D)
     cache.slot += 1
     return _greedy(prep, _unembed(prep, x[:, -1], None))  # (r,)
 
@@ -948,6 +971,8 @@ def generate_conditions(
     parent = [b for b in range(B) for _ in drafts[b]]
     cont = [[prompts[b][-1], *d] for b in range(B) for d in drafts[b]]  # (C rows)
     draft_len = [len(c) - 1 for c in cont]
+    share_prefix = share_prefix and (fill is None or fill.ndim == 3)
+    check_row_fill(fill, B, share_prefix)
     segments = continuation_tree(prep, prompts, [d for b in range(B) for d in drafts[b]], parent,
                                  share_prefix)  # fmt: skip
     n_read = segments[-1].ids.shape[1]
@@ -1086,6 +1111,8 @@ def _decode(prep, segments, kv, wave, resumes, results, draft_len, fill, stop):
         for l, h in wave[rs.cond]:
             keep[i, l, h] = 0.0
     tokens = np.array([rs.token for rs in resumes])  # (r,) fed next (already accepted)
+    if fill is not None and fill.ndim == 4:  # a fill per prompt: each decoding row's own
+        fill = fill[:, [rs.prompt for rs in resumes]]  # (L, r, H, E)
     rows = list(resumes)
     while rows:
         nxt = _decode_step(prep, cache, tokens, keep, fill)  # (r,)
@@ -1098,6 +1125,7 @@ def _decode(prep, segments, kv, wave, resumes, results, draft_len, fill, stop):
         if not live.all():
             cache.keep(live)
             keep, tokens = keep[live], nxt[live]
+            fill = fill if fill is None or fill.ndim == 3 else fill[:, live]
             rows = [rs for rs, ok in zip(rows, live) if ok]
         else:
             tokens = nxt

@@ -453,7 +453,8 @@ def transformer_forward(
     """ids (B, T) int -> logits (B, T, V), ForwardCache.
 
     attention_mask (B, S) covers the S = S_past + T positions (ones when None and no past).
-    head_mask (L, H): 1 keeps a head, 0 removes it (z_h -> head_fill[l, h], zero when None).
+    head_mask (L, H): 1 keeps a head, 0 removes it (z_h -> head_fill[l, h], zero when None);
+    head_fill (L, H, E), or (L, B, H, E) for a fill per batch row (resample ablation).
     past: the previous call's `cache.kv`. logit_positions selects query positions to unembed
     (slice(-1, None) for next-token logits); logit_columns selects vocabulary entries.
     """
@@ -473,9 +474,13 @@ def transformer_forward(
     L, H = config.n_layers, config.n_heads
     if head_mask is not None and np.shape(head_mask) != (L, H):
         raise ValueError(f"head_mask must be (L, H) = {(L, H)}, got {np.shape(head_mask)}")
-    if head_fill is not None and np.shape(head_fill) != (L, H, config.d_head):
+    if head_fill is not None and np.shape(head_fill) not in (
+        (L, H, config.d_head),
+        (L, B, H, config.d_head),
+    ):
         raise ValueError(
-            f"head_fill must be (L, H, E) = {(L, H, config.d_head)}, got {np.shape(head_fill)}"
+            f"head_fill must be (L, H, E) = {(L, H, config.d_head)} or per row (L, B, H, E), "
+            f"got {np.shape(head_fill)}"
         )
     dtype = params_dtype(params)
     inputs = prepare_inputs(config, attention_mask, T, dtype)
