@@ -11,7 +11,7 @@ from pathlib import Path
 from cel_numpy.errors import OptionError, PromptError
 from cel_numpy.localize.evaluate import BATCH_SIZE
 from cel_numpy.localize.ranking import TIE_BREAKS
-from cel_numpy.localize.routine import SCREENS
+from cel_numpy.localize.routine import MATCHED_POOL, SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
 from cel_numpy.tasks import TASKS
 
@@ -83,7 +83,7 @@ def register(subparsers) -> None:
         default="report",
         metavar="NAME",
         help="run up to and including this stage: baseline, screen, joint, confirm, heldout, "
-        "crosstask, report (default: report)",
+        "nulls, matched-pool, matched-null, crosstask, report (default: report)",
     )
     p.add_argument("--seed", type=int, default=0, help="panel seed (default 0)")
     p.add_argument(
@@ -159,6 +159,30 @@ def register(subparsers) -> None:
         default=None,
         metavar="S",
         help="seed of the null sets (default: the panel --seed); recorded in the manifest",
+    )
+    p.add_argument(
+        "--matched-null",
+        type=int,
+        default=0,
+        metavar="R",
+        help="the selection-matched null: R replicates of 'the best of the search's budget (175 "
+        "sets) of random sets of the rank-1 size, by the search's ranking on discovery', each "
+        "pick tested on held-out (default 0: none). Its cost is printed before it runs",
+    )
+    p.add_argument(
+        "--matched-pool",
+        type=int,
+        default=MATCHED_POOL,
+        metavar="P",
+        help=f"random sets evaluated once on discovery, from which the replicates draw "
+        f"(default {MATCHED_POOL}; at least the budget, 175)",
+    )
+    p.add_argument(
+        "--matched-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seed of the matched null's pool and replicates (default: the panel --seed)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
@@ -431,6 +455,16 @@ def check_options(args) -> None:
         raise OptionError(
             f"--null-sets and --null-seed must be >= 0 (got {args.null_sets}, {args.null_seed})"
         )
+    matched = (args.matched_null, args.matched_pool, args.matched_seed)
+    if (
+        args.matched_null < 0
+        or args.matched_pool < 1
+        or (matched[2] is not None and matched[2] < 0)
+    ):
+        raise OptionError(
+            "--matched-null and --matched-seed must be >= 0 and --matched-pool >= 1 (got "
+            f"{args.matched_null}, {args.matched_seed}, {args.matched_pool})"
+        )
     if args.candidates < 10:
         raise OptionError(
             f"--candidates must be >= 10 (the number of nominees), got {args.candidates}"
@@ -526,15 +560,22 @@ def run(args) -> int:
         tie_break=args.tie_break,
         null_sets=args.null_sets,
         null_seed=args.null_seed,
+        matched_null=args.matched_null,
+        matched_pool=args.matched_pool,
+        matched_seed=args.matched_seed,
     )
     results = _run_with(loc, executor, args.stage, args.out)
     if "report" in results:
-        from cel_numpy.localize.report import fmt_heldout, fmt_nulls
+        from cel_numpy.localize.report import fmt_heldout, fmt_logprob, fmt_matched, fmt_nulls
 
         p = results["report"]["primary"]
         print(f"rank 1: {p['name']}  held-out: {fmt_heldout(p['heldout'])}")
+        if p.get("heldout_logprob"):
+            print(f"mean change of log p(reference): {fmt_logprob(p['heldout_logprob'])} nats")
         if p.get("nulls"):
             print(f"null sets: {fmt_nulls(p['nulls'], p['heldout']['gain'])}")
+        if p.get("matched_null"):
+            print(f"matched null: {fmt_matched(p['matched_null'], p['heldout']['gain'])}")
         print(f"report: {Path(args.out) / 'report.md'}")
     else:
         if "heldout" in results:  # the primary test is settled once the held-out stage is done
@@ -604,8 +645,9 @@ def register_test_heads(subparsers) -> None:
     p.add_argument("--theory-seed", type=int, default=0, help="theory only (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(
-        func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None
-    )
+        func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None,
+        matched_null=0, matched_pool=MATCHED_POOL, matched_seed=None,
+    )  # fmt: skip
 
 
 def run_test_heads(args) -> int:
