@@ -720,17 +720,41 @@ def register_summarize(subparsers) -> None:
         "directories of the old format are refused.",
     )
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the numbers as JSON")
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="also write the numbers as JSON (never inside a run directory)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="recompute every number of the table from each run's per-item records "
+        "(<stage>.jsonl or .jsonl.gz) and fail on the first mismatch",
+    )
     p.set_defaults(func=run_summarize)
 
 
 def run_summarize(args) -> int:
     import json
 
-    from cel_numpy.localize.summary import render, summarize
+    from cel_numpy.localize.rundir import text_dump
+    from cel_numpy.localize.summary import check_output_path, render, summarize
 
-    summary = summarize(args.runs)
-    print(render(summary), end="")
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+        check_output_path(args.json, args.runs)
+    summary = summarize(args.runs)
+    for d in summary["repeated"]:
+        print(f"cel-numpy summarize: note: {d} is a run already given: counted once",
+              file=sys.stderr)  # fmt: skip
+    if args.verify:
+        from cel_numpy.localize.verify import verify
+
+        verify(summary)
+    print(render(summary), end="")
+    if args.verify:
+        print(f"\nverified: every number above recomputed from the records of the "
+              f"{len(summary['rows'])} runs (wall times excepted).")  # fmt: skip
+    if args.json:
+        text_dump(args.json, json.dumps(summary, indent=1) + "\n")
     return 0
