@@ -138,6 +138,14 @@ def register(subparsers) -> None:
         help="with --screen gradient: heads screened exactly (default 30, at least 10)",
     )
     p.add_argument(
+        "--gradient-agreement",
+        action="store_true",
+        help="with --screen exact on a language model: also compute the first-order estimate "
+        "of every head (gradient.json, one forward + backward per batch) and report its "
+        "agreement with the exact screen (Spearman, top-10 overlap); --screen gradient runs "
+        "report it over their candidates anyway",
+    )
+    p.add_argument(
         "--tie-break",
         choices=TIE_BREAKS,
         default="logprob",
@@ -451,6 +459,11 @@ def check_options(args) -> None:
             "--screen gradient needs a language model (its backward pass); use --screen exact "
             "with theory"
         )
+    if args.gradient_agreement and is_theory(args.model):
+        raise OptionError(
+            "--gradient-agreement needs a language model (the first-order estimate's backward "
+            "pass); the theory model has no gradient screen"
+        )
     if args.null_sets < 0 or (args.null_seed is not None and args.null_seed < 0):
         raise OptionError(
             f"--null-sets and --null-seed must be >= 0 (got {args.null_sets}, {args.null_seed})"
@@ -563,6 +576,7 @@ def run(args) -> int:
         matched_null=args.matched_null,
         matched_pool=args.matched_pool,
         matched_seed=args.matched_seed,
+        gradient_agreement=args.gradient_agreement,
     )
     results = _run_with(loc, executor, args.stage, args.out)
     if "report" in results:
@@ -646,7 +660,7 @@ def register_test_heads(subparsers) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(
         func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None,
-        matched_null=0, matched_pool=MATCHED_POOL, matched_seed=None,
+        matched_null=0, matched_pool=MATCHED_POOL, matched_seed=None, gradient_agreement=False,
     )  # fmt: skip
 
 

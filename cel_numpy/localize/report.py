@@ -158,6 +158,7 @@ def build_report(loc) -> dict:
         },
         "nulls": nulls,
         "matched_null": matched,
+        "screen_agreement": loc.screen_agreement(),
         "stage_seconds": loc.stage_seconds(),
         "intact": {
             "discovery": {"n": r["baseline"]["n"], "correct": r["baseline"]["correct"]},
@@ -406,6 +407,10 @@ def render_markdown(report: dict) -> str:
     for note in report["notes"]:
         lines.append(f"> Note: {note}")
         lines.append("")
+    if report.get("screen_agreement"):
+        from cel_numpy.localize.agreement import fmt_agreement
+
+        lines += [f"Screen agreement: {fmt_agreement(report['screen_agreement'])}.", ""]
     cross = list(report["finalists"][0]["crosstask"]) if report["finalists"] else []
     head = (
         "| rank | heads | discovery gain | confirm gain | held-out gain [cluster 95% CI] | "

@@ -237,6 +237,7 @@ class Localizer:
         matched_null: int = 0,
         matched_pool: int = MATCHED_POOL,
         matched_seed: int | None = None,
+        gradient_agreement: bool = False,
     ):
         if n_discovery < 1 or n_heldout < 1:
             raise UserError(
@@ -264,6 +265,7 @@ class Localizer:
             "pool": int(matched_pool),
             "seed": int(seed if matched_seed is None else matched_seed),
         }
+        self.gradient_agreement = bool(gradient_agreement)
         self.tie_break = tie_break
         self.null_sets = int(null_sets)
         self.null_seed = int(seed if null_seed is None else null_seed)
@@ -302,6 +304,11 @@ class Localizer:
         ev = self.evaluators["discovery"]
         self.n_layers, self.n_heads = int(ev.n_layers), int(ev.n_heads)
         self._check_model()  # before anything is written
+        if self.gradient_agreement and not hasattr(ev, "continuation_ids"):
+            raise UserError(
+                "--gradient-agreement needs a language model (the first-order estimate's "
+                "backward pass)"
+            )
         manifest = {
             "format": rd.FORMAT,
             "kind": self.kind,
@@ -652,7 +659,20 @@ class Localizer:
 
         _, summary = self._run_stage("screen", plan, depends, summarize, label="screen")
         self.nominees = [tuple(h) for h in summary["nominees"]]
+        if self.gradient_agreement:  # the estimate beside the exact screen, for the report
+            self._gradient_estimates()
         return summary
+
+    def screen_agreement(self) -> dict | None:
+        """The gradient pre-filter against the exact screen (`cel_numpy.localize.agreement`),
+        when gradient.json exists (--screen gradient, or --gradient-agreement)."""
+        from cel_numpy.localize.agreement import screen_agreement
+
+        if not (self.out / "gradient.json").exists():
+            return None
+        estimate, _ = self._gradient_estimates()
+        screen = self.results["screen"]
+        return screen_agreement(estimate, screen["conditions"], screen["nominees"])
 
     def joint(self):
         screen = self.results["screen"]
