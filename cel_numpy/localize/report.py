@@ -391,7 +391,7 @@ def render_markdown(report: dict) -> str:
     ]
     lines += _logprob_lines(p)
     if p["nulls"]:
-        lines += [f"Null sets (unselected): {fmt_nulls(p['nulls'], ho['gain'])}.", ""]
+        lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'])}.", ""]
     if p.get("matched_null"):
         lines += [f"Selection-matched null: {fmt_matched(p['matched_null'], ho['gain'])}.", ""]
     if p["crosstask"]:
