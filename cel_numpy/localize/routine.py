@@ -390,16 +390,19 @@ class Localizer:
         )
         rate = self._seconds_per_evaluation()
         if rate:
-            text += f"; about {cost * rate / 60:.0f} min at the baseline's pace"
+            text += f"; about {cost * rate[0] / 60:.0f} min at the {rate[1]}'s pace"
         return text
 
-    def _seconds_per_evaluation(self) -> float | None:
-        done = rd.stage_paths(self.out, "baseline")[1]
-        try:
-            info = json.loads(done.read_text())
-            return float(info["seconds"]) / max(1, int(info["n_records"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+    def _seconds_per_evaluation(self) -> tuple[float, str] | None:
+        """Seconds per (condition x item) of the joint search or the screen, as finished here
+        (ablated evaluations like the pool's; the intact baseline passes cost far more each)."""
+        for stage in ("joint", "screen"):
+            try:
+                info = json.loads(rd.stage_paths(self.out, stage)[1].read_text())
+                return float(info["seconds"]) / int(info["n_records"]), stage
+            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+                continue
+        return None
 
     def _extra_manifest(self) -> dict:
         return {}
@@ -831,7 +834,8 @@ class Localizer:
             return None
         size = len(self.finalists[0])
         n_sets = min(self.matched["pool"], math.comb(self.n_layers * self.n_heads, size))
-        self._say(self._matched_price(size))
+        if not rd.stage_paths(self.out, "matched-pool")[1].exists():
+            self._say(self._matched_price(size))
         sets = draw_null_sets(
             self.n_layers, self.n_heads, size, n_sets, self.matched["seed"], exclude=()
         )
