@@ -71,8 +71,8 @@ BAD_REPORTS = [  # (id, edit of report.json, words of the one-line error)
     ("p-string", lambda r: r["primary"]["heldout"].update(p_value="0.01"),
      "primary.heldout.p_value is '0.01', not a p-value"),
     ("item-p-none", lambda r: r["primary"]["heldout"].update(item_p_value=None),
-     "primary.heldout.item_p_value is None"),
-    ("no-primary", lambda r: r.pop("primary"), "primary is None, not an object"),
+     "primary.heldout.item_p_value is missing (or null), not a p-value"),
+    ("no-primary", lambda r: r.pop("primary"), "primary is missing (or null), not an object"),
     ("primary-list", lambda r: r.update(primary=[1, 2]), "primary is [1, 2], not an object"),
     ("heldout-list", lambda r: r["primary"].update(heldout=[]), "primary.heldout is [], not an"),
     ("rate-out-of-range", lambda r: r["primary"]["heldout"].update(ci_high=3.0),
@@ -83,7 +83,8 @@ BAD_REPORTS = [  # (id, edit of report.json, words of the one-line error)
      "primary.heldout.gain is 1000000, not a gain of at most 80 items"),
     ("format-unknown", lambda r: r.update(format="cel-numpy.localize.report/9"),
      "format is 'cel-numpy.localize.report/9', not cel-numpy.localize.report/2"),
-    ("format-missing", lambda r: r.pop("format"), "format is None"),
+    ("format-missing", lambda r: r.pop("format"),
+     "format is missing (or null), not cel-numpy.localize.report/2"),
     ("null-percentile", lambda r: r["primary"]["nulls"].update(percentile=250),
      "primary.nulls.percentile is 250, not a number in [0, 100]"),
     ("cross-p", lambda r: r["primary"]["crosstask"]["theory-B"].update(p_value=-1),
@@ -151,7 +152,7 @@ def test_a_directory_given_twice_counts_once(runs, tmp_path, capsys, monkeypatch
     assert main(["summarize", "a", "b", "./a"]) == 0
     out, err = capsys.readouterr()
     assert "Holm: adjusted across the 2 primary tests" in out
-    assert err == "cel-numpy summarize: note: a is a run already given: counted once\n"
+    assert err == "cel-numpy summarize: note: a names a run directory already given: counted once\n"
 
 
 def test_cells_escape_newlines_pipes_and_control_characters():

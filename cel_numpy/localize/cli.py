@@ -759,7 +759,7 @@ def run_summarize(args) -> int:
         check_output_path(args.json, args.runs)
     summary = summarize(args.runs)
     for d in summary["repeated"]:
-        print(f"cel-numpy summarize: note: {d} is a run already given: counted once",
+        print(f"cel-numpy summarize: note: {d} names a run directory already given: counted once",
               file=sys.stderr)  # fmt: skip
     if args.verify:
         from cel_numpy.localize.verify import verify

@@ -51,7 +51,7 @@ def cell(text) -> str:
 
 def _check(cond: bool, path: Path, field: str, value, want: str) -> None:
     if not cond:
-        shown = repr(value)
+        shown = "missing (or null)" if value is None else repr(value)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
         raise RunDirError(
             f"{path}: {field} is {shown}, not {want}: not a report cel-numpy wrote (edited or "
