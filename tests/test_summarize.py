@@ -264,3 +264,55 @@ def test_verify_refuses_edited_records(runs, tmp_path, capsys):
     gz.write_bytes(gzip.compress(data.replace(b'"correct": false', b'"correct": true', 1)))
     assert main(["summarize", "--verify", str(run)]) == 2
     assert "nulls.jsonl.gz does not match nulls.done.json (sha256 differs" in _err(capsys)
+
+
+def test_matched_null_options_are_checked_before_any_work(tmp_path, capsys):
+    for flags in (["--matched-null", "-1"], ["--matched-pool", "0"], ["--matched-seed", "-2"]):
+        assert main(["localize", "--model", "theory", "--task", "A", "--out",
+                     str(tmp_path / "r"), *flags]) == 2  # fmt: skip
+        assert "--matched-null and --matched-seed must be >= 0 and --matched-pool >= 1" in (
+            _err(capsys)
+        )
+        assert not (tmp_path / "r").exists()
+
+
+def _doc_rows() -> dict[str, str]:
+    """bad input -> the quoted message, from docs/bad_input.md's summarize section."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "bad_input.md").read_text()
+    section = doc.split("## Summaries, verification and the matched null", 1)[1]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and "`cel-numpy" in line:
+            what, seen = line.split(" | ")[:2]
+            rows[what.strip("| ")] = seen.split("`")[1]
+    return rows
+
+
+DOC_CASES = [  # (the row's first cell starts with, edit of report.json, extra arguments)
+    ("a p-value out of range", lambda r: r["primary"]["heldout"].update(p_value=-5), []),
+    ("report.json without `primary`", lambda r: r.pop("primary"), []),
+    ("an unknown report format",
+     lambda r: r.update(format="cel-numpy.localize.report/9"), []),
+    ("`--json run/report.json`", None, ["--json", "run/report.json"]),
+    ("`--verify` on a run directory without", "no-records", ["--verify"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("start,edit,extra", DOC_CASES, ids=[c[0][:24] for c in DOC_CASES])
+def test_docs_rows_quote_what_the_commands_print(
+    runs, tmp_path, capsys, monkeypatch, start, edit, extra
+):
+    """Each row of docs/bad_input.md's summarize section is the line the command prints."""
+    rows = _doc_rows()
+    (want,) = [msg for what, msg in rows.items() if what.startswith(start)]
+    shutil.copytree(runs / "a", tmp_path / "run")
+    monkeypatch.chdir(tmp_path)
+    if edit == "no-records":
+        for f in list((tmp_path / "run").glob("*.jsonl")) + list((tmp_path / "run").glob("*.gz")):
+            f.unlink()
+    elif edit is not None:
+        _edit_report(tmp_path / "run", edit)
+    assert main(["summarize", "run", *extra]) == 2
+    assert _err(capsys) == want
