@@ -55,7 +55,7 @@ def _fmt_p(p: float) -> str:
 def finalist_logprobs(loc, stage: str, panel: str) -> list[dict | None]:
     """The continuous metric (`routine.logprob_summary`) of every finalist on `panel`, from the
     records of the finalist stage that evaluated it ([intact, finalists...] per panel)."""
-    from cel_numpy.localize.routine import logprob_summary
+    from cel_numpy.localize.metrics import logprob_summary
 
     blocks = loc.blocks.get(stage)
     if not blocks:
@@ -70,7 +70,7 @@ def finalist_logprobs(loc, stage: str, panel: str) -> list[dict | None]:
 
 def logprob_percentile(primary: dict | None, sets: list[dict]) -> dict | None:
     """Where the primary set's mean log-probability change falls among null sets' changes."""
-    from cel_numpy.localize.routine import null_percentile
+    from cel_numpy.localize.metrics import null_percentile
 
     values = [s.get("logprob_change") for s in sets for _ in range(s.get("times", 1))]
     if primary is None or not values or any(v is None for v in values):

@@ -53,6 +53,7 @@ from cel_numpy.localize.conditions import (
     condition_name,
     normalize_condition,
 )
+from cel_numpy.localize.metrics import logprob_change, null_percentile
 from cel_numpy.localize.progress import Progress
 from cel_numpy.localize.ranking import (
     N_FINALISTS,
@@ -70,7 +71,7 @@ from cel_numpy.localize.ranking import (
     rank_joint,
     rank_singletons,
 )
-from cel_numpy.localize.stats import clustered_mean, clustered_summary, paired_summary
+from cel_numpy.localize.stats import clustered_summary, paired_summary
 from cel_numpy.outdir import prepare_out
 from cel_numpy.tasks.base import Item
 
@@ -119,29 +120,6 @@ def _roundtrip(obj):
     return json.loads(json.dumps(obj))
 
 
-def logprob_change(comparator: list[ExampleResult], results: list[ExampleResult]) -> float | None:
-    """Mean over the items of ref_logprob(condition) - ref_logprob(intact); None if not recorded."""
-    pairs = [(c.ref_logprob, r.ref_logprob) for c, r in zip(comparator, results)]
-    if not pairs or any(a is None or b is None for a, b in pairs):
-        return None
-    # rounded to 1e-9: the fast and the plain evaluator sum log-probabilities in another order
-    # (differences ~1e-15), and a difference that small must not decide a tie
-    return round(sum(b - a for a, b in pairs) / len(pairs), 9)
-
-
-def logprob_summary(
-    items: list[Item], comparator: list[ExampleResult], results: list[ExampleResult], seed: int
-) -> dict | None:
-    """The continuous metric of one condition on a panel: mean change of the reference answer's
-    log-probability (condition minus intact, nats) with its cluster bootstrap 95% interval
-    (`stats.clustered_mean`, seeded like the gain's interval); None if not recorded."""
-    pairs = [(c.ref_logprob, r.ref_logprob) for c, r in zip(comparator, results)]
-    if not pairs or any(a is None or b is None for a, b in pairs):
-        return None
-    s = clustered_mean([it.cluster for it in items], [b - a for a, b in pairs], seed=seed)
-    return s.to_dict()
-
-
 def _scored(cond: Condition, comparator: list[ExampleResult], results: list[ExampleResult]) -> dict:
     s = paired_summary([r.correct for r in comparator], [r.correct for r in results])
     return {
@@ -178,22 +156,6 @@ def _as_scored(d: dict) -> Scored:
         d["damaged"],
         d.get("logprob_change"),
     )
-
-
-def null_percentile(primary_gain: int, null_gains: Sequence[int]) -> dict:
-    """Where the primary set's held-out gain falls among the null sets' gains."""
-    n = len(null_gains)
-    below = sum(g < primary_gain for g in null_gains)
-    ties = sum(g == primary_gain for g in null_gains)
-    return {
-        "n": n,
-        "below": below,
-        "ties": ties,
-        "percentile": 100.0 * (below + 0.5 * ties) / n if n else None,
-        # share of null sets at least as good, counting the primary set itself (a valid p-value
-        # for "the primary set is no better than a random set of its size", with ties as hits)
-        "p_value": (1 + n - below) / (n + 1) if n else None,
-    }
 
 
 SLOW_HINTS = {  # what to try when a stage's first block predicts a long wait

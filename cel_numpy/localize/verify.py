@@ -30,6 +30,7 @@ from pathlib import Path
 from cel_numpy.errors import RunDirError
 from cel_numpy.localize import rundir as rd
 from cel_numpy.localize.conditions import ExampleResult, condition_name, normalize_condition
+from cel_numpy.localize.metrics import logprob_change, logprob_summary, null_percentile
 from cel_numpy.localize.ranking import (
     Scored,
     best_of_subsamples,
@@ -39,7 +40,6 @@ from cel_numpy.localize.ranking import (
     rank_joint,
     rank_singletons,
 )
-from cel_numpy.localize.routine import logprob_change, logprob_summary, null_percentile
 from cel_numpy.localize.stats import clustered_summary, holm, paired_summary
 
 TOLERANCE = 1e-9  # relative: JSON keeps floats exactly; sums in another order differ by ulps
