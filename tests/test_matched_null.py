@@ -140,6 +140,7 @@ def test_matched_null_is_the_best_of_the_budget_by_the_search_ranking(matched_ru
     digest = report["primary"]["matched_null"]
     assert digest["percentile"] == null["percentile"] and digest["budget"] == 7
     assert "Selection-matched null" in (out / "report.md").read_text()
+    assert report["figures"]["nulls"] == "nulls.png" and (out / "nulls.png").stat().st_size > 0
 
 
 def test_matched_null_is_priced_before_it_runs(tmp_path):

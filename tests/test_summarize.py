@@ -316,3 +316,18 @@ def test_docs_rows_quote_what_the_commands_print(
         _edit_report(tmp_path / "run", edit)
     assert main(["summarize", "run", *extra]) == 2
     assert _err(capsys) == want
+
+
+def test_verify_accepts_a_report_written_before_the_new_fields(runs, tmp_path, capsys):
+    """A report without the continuous metric (as cel-numpy wrote them before it existed) shows
+    "-" in those cells, and --verify checks every number it does show."""
+    (run,) = _copy(runs, tmp_path, "lm")
+
+    def strip(r):
+        r["primary"].pop("heldout_logprob")
+        r["primary"]["nulls"].pop("logprob")
+
+    _edit_report(run, strip)
+    assert main(["summarize", "--verify", str(run)]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert " | - | " in row

@@ -117,9 +117,9 @@ def build_report(loc) -> dict:
     primary = finalists[0]
     figures = dict(FIGURES)
     nulls = r.get("nulls") or {}
-    if nulls.get("n"):
-        figures["nulls"] = NULLS_FIGURE
     matched = r.get("matched-null") or {}
+    if nulls.get("n") or matched.get("n"):
+        figures["nulls"] = NULLS_FIGURE
     primary_lp = primary.get("heldout_logprob")
     return {
         "format": "cel-numpy.localize.report/2",
@@ -290,22 +290,32 @@ def plot_crosstask(report: dict, path: Path) -> None:
 
 
 def plot_nulls(report: dict, path: Path) -> None:
+    """Held-out gains of the unselected null sets (filled) and of the selection-matched null's
+    picks (outline, each counted as often as replicates picked it), the primary set marked."""
     plt = _plt()
-    nulls = report["nulls"]
-    gains = [s["gain_rate"] for s in nulls["sets"]]
+    nulls = report.get("nulls") or {}
+    matched = report.get("matched_null") or {}
     primary = report["primary"]["heldout"]["gain_rate"]
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    ax.hist(gains, bins=min(30, max(5, len(gains) // 2)), color="0.6", label="random sets")
-    ax.axvline(primary, color="C3", linewidth=2, label=f"rank 1: {report['primary']['name']}")
+    titles = []
+    if nulls.get("n"):
+        gains = [s["gain_rate"] for s in nulls["sets"]]
+        ax.hist(gains, bins=min(30, max(5, len(gains) // 2)), color="0.6", density=True,
+                label=f"{nulls['n']} random sets")  # fmt: skip
+        titles.append(f"unselected: percentile {nulls['percentile']:.0f}")
+    if matched.get("n"):
+        picks = [s["gain_rate"] for s in matched["sets"] for _ in range(s["times"])]
+        ax.hist(picks, bins=min(30, max(5, len(set(picks)))), histtype="step", density=True,
+                color="C0", linewidth=1.5,
+                label=f"best of {matched['budget']}: {matched['n']} replicates")  # fmt: skip
+        titles.append(f"matched: percentile {matched['percentile']:.0f}")
+    ax.axvline(primary, color="C3", linewidth=2, label=f"primary: {report['primary']['name']}")
     ax.axvline(0, color="grey", linewidth=0.8)
     ax.set_xlabel("held-out gain rate")
-    ax.set_ylabel("null sets")
-    ax.set_title(
-        f"{nulls['n']} random sets of {nulls['size']} heads (seed {nulls['seed']}): "
-        f"percentile {nulls['percentile']:.0f}",
-        fontsize=9,
-    )
-    ax.legend(fontsize=8)
+    ax.set_ylabel("density")
+    size = nulls.get("size") or matched.get("size")
+    ax.set_title(f"null sets of {size} heads; " + "; ".join(titles), fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

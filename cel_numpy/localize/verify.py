@@ -238,17 +238,18 @@ def comparisons(row: dict, fresh: dict):
         yield f"held-out {key}", row["heldout"].get(key), fresh["heldout"][key]
     for key in ("n", "correct"):
         yield f"intact held-out {key}", row["intact"]["heldout"][key], fresh["intact_heldout"][key]
+    # a report written before the continuous metric existed shows "-" there: nothing to check
     lp, flp = row.get("heldout_logprob"), fresh["heldout_logprob"]
-    if lp is not None or flp is not None:
+    if lp is not None:
         for key in ("mean", "ci_low", "ci_high"):
-            yield f"held-out log p change {key}", (lp or {}).get(key), (flp or {}).get(key)
+            yield f"held-out log p change {key}", lp.get(key), (flp or {}).get(key)
     for name in ("nulls", "matched_null"):
         if not row.get(name):
             continue
         keys = PERCENTILE_KEYS + (("budget", "distinct") if name == "matched_null" else ())
         for key in keys:
             yield f"{name} {key}", row[name].get(key), fresh[name].get(key)
-        if name == "nulls" and (row[name].get("logprob") or fresh[name].get("logprob")):
+        if name == "nulls" and row[name].get("logprob"):
             for key in PERCENTILE_KEYS:
                 yield (f"nulls log p {key}", (row[name].get("logprob") or {}).get(key),
                        (fresh[name].get("logprob") or {}).get(key))  # fmt: skip
