@@ -26,10 +26,15 @@ baseline (intact twice, must agree), screen (every head alone), joint (pairs and
 top-10 nominees: 175 candidates), confirm (top-10 finalists, fresh intact comparator),
 heldout (a panel sharing no cluster -- country, antonym pair, subject noun... -- with discovery:
 cluster sign-flip test and cluster bootstrap interval, item-level McNemar as secondary), nulls
-(with --null-sets N: random head sets of the rank-1 size on held-out), crosstask (the finalists
-on every other task, exploratory), report (report.json, report.md, figures). Every stage is
-resumable: rerun the same command to continue; finished stages are validated, never silently
-redone.
+(with --null-sets N: random head sets of the rank-1 size on held-out), matched-pool and
+matched-null (with --matched-null R: the selection-matched null, R replicates of "the best of
+175 random sets by the search's own ranking", each pick tested on held-out; priced before it
+runs), crosstask (the finalists on every other task, exploratory), report (report.json,
+report.md, figures; every held-out gain also as the mean change of the reference answer's
+log-probability with its cluster interval). Every stage is resumable: rerun the same command to
+continue; finished stages are validated, never silently redone. Finished stages keep their
+per-item records gzip-compressed (<stage>.jsonl.gz: the copy to keep; `cel-numpy summarize
+--verify` recomputes a table from them); docs/results-format.md.
 
 --model theory trains the theory model (docs/design.md#theory-world, default config, --theory-seed)
 and runs the routine on task A (or B); an example is correct iff |y_hat - y| < --tau.
