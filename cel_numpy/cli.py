@@ -10,8 +10,9 @@
 
 Errors: bad input of any kind (files, options, prompts, run directories; see cel_numpy.errors)
 prints exactly one line, "cel-numpy CMD: error: ...", and exits with status 2; Ctrl-C prints one
-line and exits with 130, SIGTERM the same way with 143 (both resumable for localize); anything
-else is a bug, reported in one line with exit status 1.
+line and exits with 130, SIGTERM the same way with 143 (both resumable for localize); running
+out of memory is one line with exit status 2 (what to make smaller); anything else is a bug,
+reported in one line with exit status 1. Control characters in any of these lines are escaped.
 `--debug` (before or after the subcommand) shows the traceback instead.
 """
 
@@ -26,6 +27,7 @@ import threading
 import warnings
 
 from cel_numpy.errors import UserError, one_line, safe_text
+from cel_numpy.limits import safe_for_terminal
 
 __all__ = ["UserError", "build_parser", "main"]
 
@@ -33,6 +35,11 @@ EXIT_USER_ERROR = 2
 EXIT_BUG = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM
+
+OUT_OF_MEMORY = (
+    "out of memory: this machine cannot hold what the options ask for; use smaller sizes "
+    "(--batch-size, panel sizes, a shorter text) or a machine with more memory"
+)
 
 # What to tell the user after Ctrl-C, per subcommand (default: nothing to resume).
 INTERRUPTED = {
@@ -112,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
             said = said.replace("interrupted", "terminated (SIGTERM)", 1)
         _say(f"{prefix}: {said}")
         return EXIT_TERMINATED if isinstance(err, Terminated) else EXIT_INTERRUPTED
+    except MemoryError:  # before OSError/ValueError: say what to make smaller
+        if debug:
+            raise
+        _say(f"{prefix}: error: {OUT_OF_MEMORY}")
+        return EXIT_USER_ERROR
     except (UserError, OSError, ValueError) as err:
         # ValueError: NumPy-level checks with clear messages (e.g. a mean_z of the wrong shape);
         # OSError: a disk that filled up, a file that vanished -- the OS message names the file.
@@ -158,8 +170,10 @@ def _never_fail_on_output() -> None:
 
 
 def _say(line: str) -> None:
-    """One line on stderr; text the stream cannot encode (a non-UTF-8 path) is replaced."""
-    print(safe_text(line, sys.stderr), file=sys.stderr, flush=True)
+    """One line on stderr; control characters (from a file's contents: a tensor name, a
+    template's message) are escaped and text the stream cannot encode (a non-UTF-8 path) is
+    replaced."""
+    print(safe_text(safe_for_terminal(line), sys.stderr), file=sys.stderr, flush=True)
 
 
 def _message(err: BaseException) -> str:

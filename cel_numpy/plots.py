@@ -195,37 +195,76 @@ def attention_pattern(
             f"the text is {len(ids)} tokens, more than the model's context of {c.n_ctx}: shorten it"
         )
     heads = tuple(range(c.n_heads)) if head is None else (int(head),)
-    name = f"blocks.{layer}.attn.pattern"
-    _, cache = model.run_with_cache([ids])
-    patterns = {"intact": np.asarray(cache[name][0])[list(heads)]}  # (n, T, T)
+    check_attention_size(len(heads), 2 if removed else 1, len(ids))
+    # layers 0..layer only, and only that layer's pattern kept (no logits, no other activations)
+    patterns = {"intact": model.attention_pattern([ids], layer)[0][list(heads)]}  # (n, T, T)
     if removed:
-        _, cache = model.run_with_cache(
-            [ids], ablate=removed, ablation=ablation, reference=reference, mean_z=mean_z
+        ablated = model.attention_pattern(
+            [ids], layer, ablate=removed, ablation=ablation, reference=reference, mean_z=mean_z
         )
-        patterns[heads_name(removed)] = np.asarray(cache[name][0])[list(heads)]
+        patterns[heads_name(removed)] = ablated[0][list(heads)]  # (n, T, T)
     picture = AttentionPicture(None, token_labels(model, ids), int(layer), heads, patterns)
     picture.figure = _draw_attention(picture, removed)
     if path is not None:
-        picture.figure.savefig(path, dpi=120)
+        picture.figure.savefig(path, dpi=DPI)
         picture.path = str(path)
     return picture
+
+
+DPI = 120  # of the saved attention figure
+MAX_FIGURE_PIXELS = 60_000_000  # about 240 MB of RGBA while drawing
+
+
+def attention_layout(n: int, n_conditions: int, T: int) -> tuple[int, int, float]:
+    """(rows, cols, inches per panel) of the figure for n heads, n_conditions conditions and
+    T tokens: one head side by side; one condition a near-square grid; else heads x conditions."""
+    if n == 1:
+        rows, cols = 1, n_conditions
+    elif n_conditions == 1:
+        cols = math.ceil(math.sqrt(n))
+        rows = math.ceil(n / cols)
+    else:
+        rows, cols = n_conditions, n
+    size = 0.9 + 0.16 * T if n == 1 else 0.6 + 0.09 * T
+    return rows, cols, size
+
+
+def figure_pixels(n: int, n_conditions: int, T: int) -> tuple[int, int]:
+    """(width, height) in pixels of the saved attention figure."""
+    rows, cols, size = attention_layout(n, n_conditions, T)
+    return round((cols * size + 1.0) * DPI), round((rows * size + 0.6) * DPI)
+
+
+def check_attention_size(n: int, n_conditions: int, T: int) -> None:
+    """PromptError when the figure for T tokens would pass MAX_FIGURE_PIXELS (checked before
+    any forward pass: drawing it would take gigabytes and its labels would be unreadable)."""
+    width, height = figure_pixels(n, n_conditions, T)
+    if width * height <= MAX_FIGURE_PIXELS:
+        return
+    fits = next(
+        t
+        for t in range(T, 0, -1)
+        if math.prod(figure_pixels(n, n_conditions, t)) <= MAX_FIGURE_PIXELS
+    )
+    what = "one head" if n == 1 else f"{n} heads"
+    raise PromptError(
+        f"a picture of {what} on {T} tokens would be {width:,} x {height:,} pixels, more than "
+        f"{MAX_FIGURE_PIXELS // 10**6} million: give a text of at most {fits} tokens"
+        + (" (or draw one head with --head)" if n > 1 else "")
+    )
 
 
 def _draw_attention(picture: AttentionPicture, removed) -> object:
     plt = _pyplot()
     conditions = list(picture.patterns)
     n, T = len(picture.heads), len(picture.tokens)
+    rows, cols, size = attention_layout(n, len(conditions), T)
     if n == 1:  # one head: intact (and ablated) side by side
-        rows, cols = 1, len(conditions)
         cells = [(cond, 0) for cond in conditions]
     elif len(conditions) == 1:  # one layer's heads in a near-square grid
-        cols = math.ceil(math.sqrt(n))
-        rows = math.ceil(n / cols)
         cells = [(conditions[0], i) for i in range(n)]
     else:  # every head of the layer, intact above, ablated below
-        rows, cols = len(conditions), n
         cells = [(cond, i) for cond in conditions for i in range(n)]
-    size = 0.9 + 0.16 * T if n == 1 else 0.6 + 0.09 * T
     fig, axes = plt.subplots(
         rows, cols, figsize=(cols * size + 1.0, rows * size + 0.6), squeeze=False
     )

@@ -15,6 +15,7 @@ its name; it holds no tests. Paths are relative to this file, never to the worki
     all_q8_0, all_q4_1, smollm2_mix
     gguf_of_arch                  a minimal GGUF declaring some architecture
     SMOLLM2_MISSING_BYTES         the bytes SmolLM2's vocabulary has no token for
+    tiny_chat_model               tiny_llama with a tokenizer.json, a chat template, any context
 """
 
 from __future__ import annotations
@@ -341,3 +342,30 @@ SMOLLM2_MISSING_BYTES = (
     0xF2,
     *range(0xF5, 0x100),
 )
+
+
+# --------------------------------------------------------------------------- a chat model
+
+
+def tiny_chat_model(tmp: Path, template: str, n_ctx: int = 1024) -> Path:
+    """tiny_llama with a tokenizer.json (printable ASCII and the merge " t"), `template` as its
+    chat template, and a context of n_ctx tokens (rotary: no weight depends on it)."""
+    from cel_numpy.models.tokenizer import bytes_to_unicode
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    folder = copy_fixture(tmp, "tiny_llama")
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = n_ctx
+    (folder / "config.json").write_text(json.dumps(config))
+    b2u = bytes_to_unicode()
+    vocab = {b2u[b]: b - 32 for b in range(32, 127)}
+    vocab[b2u[32] + "t"] = 95
+    spec = {
+        "model": {"type": "BPE", "vocab": vocab, "merges": [f"{b2u[32]} t"]},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False},
+        "added_tokens": [],
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    config = {"chat_template": template, "eos_token": "~"}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder

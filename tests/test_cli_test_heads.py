@@ -151,7 +151,14 @@ def test_head_recurrence_keeps_models_apart():
 def test_summarize_refuses_old_and_unfinished_runs(tmp_path, capsys):
     from pathlib import Path
 
-    old = Path(__file__).parent.parent / "docs" / "results" / "capitals"
+    old = (
+        Path(__file__).parent.parent
+        / "docs"
+        / "results"
+        / "archive"
+        / "round1-old-format"
+        / "capitals"
+    )
     assert main(["summarize", str(old)]) == 2
     assert "old format" in capsys.readouterr().err
     ev = FakeEvaluator(n_layers=2, n_heads=3)

@@ -291,6 +291,7 @@ def smollm2():
     return cn.load_model("smollm2")
 
 
+@pytest.mark.download
 def test_smollm2_fast_forward_and_ablations(smollm2):
     m = smollm2
     prompts = [
@@ -311,6 +312,7 @@ def test_smollm2_fast_forward_and_ablations(smollm2):
         assert np.array_equal(lg[:, 0].argmax(-1), ref.argmax(-1))
 
 
+@pytest.mark.download
 def test_smollm2_other_tokenizations_of_the_answer(smollm2):
     """Drafts spelling " Paris" in other tokens, or going on past it, give greedy's own tokens."""
     m = smollm2
@@ -331,6 +333,7 @@ def test_smollm2_other_tokenizations_of_the_answer(smollm2):
     assert [m.decode(ids) for ids in got[0]] == [" Rome\n", " Paris\n"]
 
 
+@pytest.mark.download
 @pytest.mark.parametrize("task_name", ["arithmetic", "arithmetic_chat", "capitals", "ioi"])
 def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     from cel_numpy.tasks import get_task

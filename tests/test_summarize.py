@@ -109,8 +109,9 @@ def test_a_damaged_report_is_one_line_naming_the_field(runs, tmp_path, capsys, e
 
 @pytest.mark.parametrize(
     "content,words",
-    [("[1, 2]", "the file is [1, 2], not an object"), ("{", "is unreadable"),
-     ("[" * 100_000 + "]" * 100_000, "nested too deeply"), ("\xff", "is unreadable")],
+    [("[1, 2]", "the file is [1, 2], not an object"), ("{", "invalid JSON"),
+     ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply to be a report"),
+     ("\xff", "not UTF-8 text")],
     ids=["list", "truncated", "nested", "not-utf8"],
 )  # fmt: skip
 def test_a_report_that_is_not_a_json_object_is_one_line(runs, tmp_path, capsys, content, words):
@@ -127,7 +128,7 @@ def test_a_report_that_is_not_a_regular_file_is_refused(runs, tmp_path, capsys):
     (run / "report.json").unlink()
     os.mkfifo(run / "report.json")  # reading it would wait forever
     assert main(["summarize", str(run)]) == 2
-    assert "report.json is not a regular file" in _err(capsys)
+    assert "report.json: a FIFO, not a regular file: give the report itself" in _err(capsys)
 
 
 def test_a_damaged_manifest_field_is_one_line(runs, tmp_path, capsys):

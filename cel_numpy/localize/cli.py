@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from cel_numpy.errors import OptionError, PromptError
+from cel_numpy.limits import as_path, check_memory
 from cel_numpy.localize.evaluate import BATCH_SIZE
-from cel_numpy.localize.ranking import TIE_BREAKS
+from cel_numpy.localize.ranking import TIE_BREAKS, check_null_set_count, check_null_sets
 from cel_numpy.localize.routine import MATCHED_POOL, SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
 from cel_numpy.tasks import TASKS
@@ -367,26 +368,45 @@ def check_model_name(spec: str) -> None:
                 "`cel-numpy theory --out DIR`)"
             )
         return
-    if not Path(spec).expanduser().exists():
+    if not as_path(spec, "--model").exists():
         raise OptionError(
             f"--model {spec!r} not found: give a known name ({', '.join(KNOWN_NAMES)}, theory, "
             "theory:PATH/params.npz), a Hugging Face folder, a .gguf or a .npz file"
         )
 
 
-def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> None:
-    """Every prompt (with its longest choice, or its generated answer) fits the model's context."""
+def check_batch_memory(batch_size: int, n_tokens: int, config, itemsize: int) -> None:
+    """--batch-size must fit in memory: a forward of B sequences of T tokens holds about
+    B T (V + 2 H T + 3 F + 8 D) numbers (full logits, attention scores and probabilities, the
+    MLP and residual activations); refused past half of this machine's memory."""
+    c = config
+    per_row = n_tokens * (c.vocab_size + 2 * c.n_heads * n_tokens + 3 * c.d_mlp + 8 * c.d_model)
+    check_memory(
+        batch_size * per_row * itemsize,
+        f"--batch-size {batch_size}",
+        "use a smaller --batch-size",
+        context=f" with prompts of up to {n_tokens} tokens on this model",
+    )
+
+
+def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> int:
+    """Every prompt (with its longest choice, or its generated answer) fits the model's context;
+    returns the longest such length in tokens."""
     n_ctx = model.config.n_ctx
+    longest = 1
     for name, items in panels.items():
         for it in items:
             text = it.prompt + max(it.choices, key=len, default="")
+            model.check_text_length(text, f"a prompt of task {it.task!r} ({name} panel)")
             n = len(model.encode(text)) + max_new_tokens.get(name, 0)
+            longest = max(longest, n)
             if n > n_ctx:
                 raise PromptError(
                     f"task {it.task!r} ({name} panel): a prompt needs {n} tokens with its answer, "
                     f"more than the model's context of {n_ctx} tokens: use a model with a longer "
                     "context or another task"
                 )
+    return longest
 
 
 def lm_setup(args, task, cross):
@@ -396,7 +416,13 @@ def lm_setup(args, task, cross):
     from cel_numpy.models.loaders import load_model, resolve_source
 
     path = resolve_source(args.model)
-    model = load_model(args.model)  # a folder that is no model fails here, before any hashing
+    size = len(args.heads_parsed) if getattr(args, "heads_parsed", None) else None
+
+    def check_config(config) -> None:  # before any weight is read
+        check_null_sets(args.null_sets, config.n_layers, config.n_heads, size)
+
+    # a folder that is no model fails here, before any hashing
+    model = load_model(args.model, check_config=check_config)
     ident = file_identity(path)
     if model.tokenizer is None:
         raise OptionError(
@@ -413,7 +439,7 @@ def lm_setup(args, task, cross):
         }
     )
     tasks = {"discovery": task, "heldout": task, **{f"cross-{t.name}": t for t in cross}}
-    check_prompt_lengths(
+    longest = check_prompt_lengths(
         model,
         panels,
         {
@@ -421,6 +447,7 @@ def lm_setup(args, task, cross):
             for name, t in tasks.items()
         },
     )
+    check_batch_memory(args.batch_size, longest, model.config, model.dtype.itemsize)
     cache = {}
 
     def make_evaluator(t, reference_items):
@@ -473,6 +500,7 @@ def check_options(args) -> None:
         raise OptionError(
             f"--null-sets and --null-seed must be >= 0 (got {args.null_sets}, {args.null_seed})"
         )
+    check_null_set_count(args.null_sets)  # against the model's size once its config is read
     matched = (args.matched_null, args.matched_pool, args.matched_seed)
     if (
         args.matched_null < 0
@@ -682,6 +710,7 @@ def run_test_heads(args) -> int:
     heads = parse_heads(args.heads, what="--heads")
     if not heads:
         raise OptionError("--heads: name at least one head to remove, e.g. L3H1+L5H0")
+    args.heads_parsed = heads  # the null sets' size, checked with the model's configuration
     args.stage, stage = "report", args.stage  # check_options knows the localize stages
     task, _, make_evaluator, executor = _prepare(args)
     loc = HeadSetTest(

@@ -105,7 +105,7 @@ class LMEvaluator:
     along draft answers in one forward), intact_drafts (the intact model's answer as a second
     draft: rows that keep the intact answer under a condition are settled in the forward, their
     layers below the ablated head taken from the intact pass, instead of decoded through every
-    layer; 0.94-1.10x on a capitals screen, `bench/bench_screen.py`; used by calls with at least
+    layer; `bench/bench_screen.py` measures its effect on a screen; used by calls with at least
     `fast.INTACT_DRAFTS_MIN_CONDITIONS` ablated conditions, or once the intact answers are
     known: a 2-condition call would pay their extra pass for nothing), intact_cache (a batch's
     intact pass kept across calls, up to intact_cache_bytes).
@@ -195,12 +195,22 @@ class LMEvaluator:
     def _encode(self, text: str) -> list[int]:
         return list(self.model.tokenizer.encode(text))  # adds BOS iff the tokenizer says so
 
-    def model_text(self, prompt: str) -> str:
+    def model_text(self, prompt: str, task=None) -> str:
         """The text the model reads for a prompt: a chat task's prompt (`Task.chat`) is one user
         message, written in the model's chat template with the generation prompt."""
-        if getattr(self.task, "chat", False):
+        if getattr(task or self.task, "chat", False):
             return self.model.chat([{"role": "user", "content": prompt}])
         return prompt
+
+    def prompts_sha256(self, task, items: Sequence[Item]) -> str:
+        """sha256 of the texts the model reads for `items` of `task`, in order (for a chat task
+        the rendered conversations: a template that calls strftime_now renders differently on
+        another day, and a resumed run must not mix the two)."""
+        digest = hashlib.sha256()
+        for it in items:
+            digest.update(self.model_text(it.prompt, task).encode("utf-8", "surrogatepass"))
+            digest.update(b"\0")
+        return digest.hexdigest()
 
     def prompt_ids(self, prompt: str) -> list[int]:
         """Token ids of an item's prompt as the model reads it (what generation continues)."""

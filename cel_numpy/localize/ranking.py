@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cel_numpy.errors import OptionError
 from cel_numpy.localize.conditions import Condition, Head, normalize_condition
 
 N_NOMINEES = 10
@@ -142,6 +143,43 @@ def joint_enumeration(nominated: Sequence[Head]) -> tuple[list[Condition], list[
     pairs = [normalize_condition(c) for c in itertools.combinations(heads, 2)]
     triples = [normalize_condition(c) for c in itertools.combinations(heads, 3)]
     return singles, pairs + triples
+
+
+MAX_NULL_SETS = 10_000  # each one is a held-out evaluation of every item
+
+
+def check_null_set_count(n_sets: int) -> None:
+    """The cost cap on --null-sets, which needs no model."""
+    if n_sets > MAX_NULL_SETS:
+        raise OptionError(
+            f"--null-sets {n_sets}: each set is one more held-out evaluation of every item; "
+            f"at most {MAX_NULL_SETS:,} are run"
+        )
+
+
+def check_null_sets(n_sets: int, n_layers: int, n_heads: int, size: int | None = None) -> None:
+    """OptionError, before any work, when `n_sets` null sets cannot be drawn or cost too much.
+
+    size: the heads per set (test-heads: the given set); None while the rank-1 set is not known
+    yet (localize): then only the count that every size allows, that of single heads (N - 1
+    other heads), is accepted.
+    """
+    check_null_set_count(n_sets)
+    n = n_layers * n_heads
+    if size is None:
+        if n_sets > n - 1:
+            raise OptionError(
+                f"--null-sets {n_sets}: the rank-1 set may be a single head, and a model of {n} "
+                f"heads has only {n - 1} others; ask for at most {n - 1} (or test the found set "
+                "with test-heads --null-sets, where its size is known)"
+            )
+        return
+    n_possible = math.comb(n, size) - 1
+    if n_sets > n_possible:
+        raise OptionError(
+            f"--null-sets {n_sets}: a model of {n} heads has only {n_possible} other sets of "
+            f"{size} heads"
+        )
 
 
 def draw_null_sets(

@@ -62,6 +62,7 @@ from cel_numpy.localize.ranking import (
     Scored,
     all_heads,
     best_of_subsamples,
+    check_null_sets,
     decided_by,
     draw_null_sets,
     expected_distinct_picks,
@@ -271,6 +272,7 @@ class Localizer:
                 "--gradient-agreement needs a language model (the first-order estimate's "
                 "backward pass)"
             )
+        check_null_sets(self.null_sets, self.n_layers, self.n_heads, self._null_set_size())
         manifest = {
             "format": rd.FORMAT,
             "kind": self.kind,
@@ -300,6 +302,12 @@ class Localizer:
         if self.matched["replicates"] and "matched-null" in self.stages:
             manifest["matched_null"] = dict(self.matched)
             self._check_matched_pool()
+        if hasattr(ev, "prompts_sha256"):  # language models: the texts the model reads
+            tasks = {"discovery": self.task, "heldout": self.task}
+            tasks.update({f"cross-{t.name}": t for t in self.cross_tasks})
+            manifest["prompt_hashes"] = {
+                name: ev.prompts_sha256(tasks[name], items) for name, items in self.panels.items()
+            }
         self.manifest = rd.check_or_write_manifest(self.out, manifest)
         for name, items in self.panels.items():
             path = self.out / "panels" / f"{name}.jsonl"
@@ -371,6 +379,10 @@ class Localizer:
 
     def _check_model(self) -> None:
         pass
+
+    def _null_set_size(self) -> int | None:
+        """Heads per null set, when known before the search (None: the rank-1 set's size)."""
+        return None
 
     def _evaluator_for(self, panel: str):
         if panel not in self.evaluators:
@@ -569,7 +581,7 @@ class Localizer:
                 },
             )
         try:
-            saved = json.loads(path.read_text())
+            saved = rd.read_json_object(path, rd._fresh_hint("screen"))
             estimate = saved["estimate"]
             ok = (
                 saved["manifest_key"]
@@ -673,10 +685,7 @@ class Localizer:
         }
         path = self.out / "finalists.json"
         if path.exists():
-            try:
-                on_disk = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                on_disk = None
+            on_disk = rd.read_json_object(path, rd._fresh_hint("joint"))
             if on_disk != frozen:
                 raise rd.RunDirError(
                     f"{path} does not match the joint search records; {rd._fresh_hint('joint')}"
@@ -885,7 +894,7 @@ class Localizer:
         for stage in self.stages:
             done = rd.stage_paths(self.out, stage)[1]
             if done.exists():
-                out[stage] = json.loads(done.read_text()).get("seconds")
+                out[stage] = rd.read_json_object(done, rd._fresh_hint(stage)).get("seconds")
         return out
 
     # ------------------------------------------------------------------ driver
@@ -934,6 +943,9 @@ class HeadSetTest(Localizer):
         from cel_numpy.heads import check_heads
 
         check_heads(self.heads, self.n_layers, self.n_heads, what="--heads")
+
+    def _null_set_size(self) -> int | None:
+        return len(self.heads)
 
     def report(self):
         from cel_numpy.localize.report import write_test_report

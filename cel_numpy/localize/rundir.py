@@ -86,6 +86,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cel_numpy.errors import RunDirError, one_line
+from cel_numpy.limits import (
+    MAX_JSON_BYTES,
+    read_bytes_limited,
+    read_json,
+    require_regular_file,
+    safe_for_terminal,
+)
 from cel_numpy.localize.conditions import Condition, ExampleResult, normalize_condition
 from cel_numpy.models.fetch import sha256_file
 from cel_numpy.tasks.base import Item
@@ -156,12 +163,7 @@ def writing(path: Path):
 def read_json_object(path: Path, hint: str) -> dict:
     """A run-directory JSON file that must hold one object; RunDirError naming it otherwise
     (unreadable, not JSON, nested too deeply to parse, or valid JSON of another shape)."""
-    try:
-        obj = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunDirError(f"{path} is unreadable ({one_line(str(err))}); {hint}") from None
-    except RecursionError:
-        raise RunDirError(f"{path} is nested too deeply to be ours; {hint}") from None
+    obj = read_json(path, "run-directory file", error=RunDirError, hint=hint)
     if not isinstance(obj, dict):
         raise RunDirError(
             f"{path} holds a JSON {type(obj).__name__}, not the object cel-numpy writes; {hint}"
@@ -216,7 +218,9 @@ class Lock:
 
     def __init__(self, run_dir: Path, note=None):
         self.path = Path(run_dir) / "lock"
-        self.note = note or (lambda msg: print(f"cel-numpy: {msg}", file=sys.stderr, flush=True))
+        self.note = note or (  # the lock file's host name is text from a file: escaped
+            lambda msg: print(f"cel-numpy: {safe_for_terminal(msg)}", file=sys.stderr, flush=True)
+        )
         self.fd: int | None = None
 
     def __enter__(self):
@@ -362,6 +366,7 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
         json_dump(path, manifest)
         return manifest
     old = read_manifest(run_dir)
+    check_prompt_hashes(path, old.get("prompt_hashes"), manifest.get("prompt_hashes"))
     there, now = _identity(old), _identity(manifest)
     for key in MANIFEST_KEYS + OPTIONAL_MANIFEST_KEYS:
         field, a, b = _first_difference(key, there.get(key), now.get(key))
@@ -371,6 +376,22 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
                 "use a fresh --out"
             )
     return old
+
+
+def check_prompt_hashes(path: Path, there, now) -> None:
+    """The texts the model reads (rendered chat prompts) must be those the run started with.
+
+    Recorded per panel in manifest["prompt_hashes"] (not part of the identity that done-files
+    hash, so a run that recorded none, made by an older cel-numpy, still resumes)."""
+    if not isinstance(there, dict) or not isinstance(now, dict):
+        return
+    for name in sorted(set(there) & set(now)):
+        if there[name] != now[name]:
+            raise RunDirError(
+                f"{path}: the {name} panel's prompts now render differently from when the run "
+                "started (a chat template that reads the date, or a changed template): resuming "
+                "would mix two sets of prompts; use a fresh --out"
+            )
 
 
 def _first_difference(key: str, a, b):
@@ -433,10 +454,11 @@ def write_panel(path: Path, items: Sequence[Item]) -> None:
 def read_panel(path: Path) -> list[Item]:
     """Read a panel, checking every stored id against the content hash of its fields."""
     items = []
+    raw = read_bytes_limited(path, "panel file", max_bytes=MAX_JSON_BYTES, error=RunDirError)
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as err:
-        raise RunDirError(f"cannot read panel {path}: {err.strerror or err}") from None
+        lines = raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise RunDirError(f"{path}: not UTF-8 text ({err.reason}); use a fresh --out") from None
     for n, line in enumerate(lines, 1):
         try:
             d = json.loads(line)
@@ -511,7 +533,11 @@ def read_blocks(
     complete=True (a finished stage): every planned block must be there and nothing else.
     complete=False (a partial stage): a torn last line and an incomplete last block are dropped.
     """
-    data = Path(path).read_bytes() if Path(path).exists() else b""
+    if Path(path).exists():
+        require_regular_file(path, "records file", RunDirError)  # never a FIFO or /dev/zero
+        data = Path(path).read_bytes()
+    else:
+        data = b""
     return parse_blocks(data, path, plan, panels, stage, complete)
 
 
@@ -617,6 +643,7 @@ def check_sums(
     records, sums = stage_paths(run_dir, stage)[0], sums_path(run_dir, stage)
     if not sums.exists():
         return blocks, good_bytes, dropped
+    require_regular_file(sums, "checksum file", RunDirError)
     lines = sums.read_bytes().split(b"\n")
     lines.pop()  # a torn (unterminated) last line is not a checksum
     del lines[len(blocks) :]  # checksums of records cut off the file: recomputed, like them
@@ -748,8 +775,10 @@ def finished_records(run_dir: Path, stage: str, info: dict) -> tuple[Path, bytes
     plain, done = stage_paths(run_dir, stage)
     gz = gz_path(run_dir, stage)
     if plain.exists():
+        require_regular_file(plain, "records file", RunDirError)  # never a FIFO or /dev/zero
         path, data = plain, plain.read_bytes()
     elif gz.exists():
+        require_regular_file(gz, "records file", RunDirError)
         path = gz
         try:
             with gzip.open(gz, "rb") as fh:

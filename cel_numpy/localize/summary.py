@@ -22,18 +22,17 @@ model), how often each head recurs in the primary sets and among the finalists a
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from cel_numpy.errors import OptionError, RunDirError, one_line
+from cel_numpy.errors import OptionError, RunDirError
+from cel_numpy.limits import read_json
 from cel_numpy.localize.report import fmt_logprob
 from cel_numpy.localize.rundir import read_manifest
 from cel_numpy.localize.stats import holm
 
 REPORT_FORMATS = ("cel-numpy.localize.report/2",)
-MAX_REPORT_BYTES = 64 * 2**20  # a report.json of ten finalists and 1000 null sets is < 2 MB
 
 
 def _fmt_p(p: float | None) -> str:
@@ -158,21 +157,8 @@ def load_run(run_dir) -> dict:
             f"{run_dir} has no report.json: finish the run first (rerun its command, in "
             "manifest.json)"
         )
-    if not path.is_file():  # a FIFO would hang, a device never end
-        raise RunDirError(f"{path} is not a regular file")
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_REPORT_BYTES + 1)
-    except OSError as err:
-        raise RunDirError(f"{path} is unreadable ({one_line(str(err))})") from None
-    if len(data) > MAX_REPORT_BYTES:
-        raise RunDirError(f"{path} is larger than {MAX_REPORT_BYTES} bytes: not a report")
-    try:
-        report = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise RunDirError(f"{path} is unreadable ({one_line(str(err))})") from None
-    except RecursionError:
-        raise RunDirError(f"{path} is nested too deeply to be a report") from None
+    # a regular file (a FIFO would hang, a device never end), size-capped, one line otherwise
+    report = read_json(path, "report", error=RunDirError)
     return {
         "dir": str(run_dir),
         "manifest": check_manifest(manifest, run_dir / "manifest.json"),

@@ -12,6 +12,7 @@ import numpy as np
 
 from cel_numpy import heads as head_notation
 from cel_numpy.errors import OptionError, PromptError
+from cel_numpy.models.model import check_text_fits
 
 
 def register(subparsers) -> None:
@@ -182,7 +183,8 @@ def _top_k(model, logits: np.ndarray, k: int) -> list[tuple[str, float]]:
 
     finite_argmax(logits)  # NaN/Inf logits are an error, never probabilities
     probs, _ = softmax_forward(model.mask_padding(logits.astype(np.float64)))  # pad rows: p = 0
-    top = np.argsort(-probs)[:k]
+    tokens = np.setdiff1d(np.arange(probs.shape[-1]), model.padding_ids)  # (V - padding,)
+    top = tokens[np.argsort(-probs[tokens], kind="stable")[:k]]  # never a padding row
     return [(model.decode([i]), float(probs[i])) for i in top]
 
 
@@ -198,6 +200,23 @@ def check_prompt(ids: list[int], max_new_tokens: int, n_ctx: int, what: str = "t
         )
 
 
+def encode_before_weights(texts: list[tuple[str, str, int]], encoded: dict[str, list[int]]):
+    """A load_model(check_tokenizer=...) hook: each (text, what, new tokens) is checked against
+    the context by its length, then encoded and checked by its tokens, before any weight is
+    read; the ids land in `encoded` (text -> ids)."""
+
+    def check(tokenizer, config) -> None:
+        if tokenizer is None:
+            return  # Model.encode says so once the model is built
+        for text, what, extra in texts:
+            why = f"that the context of {config.n_ctx} leaves with --max-new-tokens {extra}"
+            check_text_fits(tokenizer, text, config.n_ctx - extra, what, why if extra else "")
+            encoded[text] = tokenizer.encode(text)
+            check_prompt(encoded[text], extra, config.n_ctx, what)
+
+    return check
+
+
 def cmd_generate(args) -> int:
     from cel_numpy.models.loaders import load_model
 
@@ -211,14 +230,21 @@ def cmd_generate(args) -> int:
             raise PromptError(f"{what} is empty: give some text")
     if args.reference and not (heads and args.ablation == "mean"):
         raise OptionError("--reference is only used by --ablation mean with --ablate")
+    texts = [(args.prompt, "the prompt", args.max_new_tokens)]
+    if heads:
+        texts += [(t, "a --reference text", 0) for t in args.reference or []]
+    encoded: dict[str, list[int]] = {}
     model = load_model(
-        args.model, dtype=args.dtype, check_config=lambda config: check_heads(heads, config)
+        args.model,
+        dtype=args.dtype,
+        check_config=lambda config: check_heads(heads, config),
+        check_tokenizer=encode_before_weights(texts, encoded),
     )
-    ids = model.encode(args.prompt)
+    ids = encoded.get(args.prompt) or model.encode(args.prompt)
     check_prompt(ids, args.max_new_tokens, model.config.n_ctx)
     spec = {}
     if heads:
-        reference = [model.encode(t) for t in (args.reference or [args.prompt])]
+        reference = [encoded.get(t) or model.encode(t) for t in (args.reference or [args.prompt])]
         for ref in reference:
             check_prompt(ref, 0, model.config.n_ctx, "a --reference text")
         mean_z = model.mean_z(reference) if args.ablation == "mean" else None
@@ -242,7 +268,7 @@ def cmd_attention(args) -> int:
     from pathlib import Path
 
     from cel_numpy.models.loaders import load_model
-    from cel_numpy.plots import attention_pattern
+    from cel_numpy.plots import attention_pattern, check_attention_size
 
     removed = parse_heads(args.ablate)  # every check that needs no model comes before loading it
     out = Path(args.out)
@@ -254,6 +280,18 @@ def cmd_attention(args) -> int:
         raise PromptError("the text is empty: give some text")
     if args.reference and not (removed and args.ablation == "mean"):
         raise OptionError("--reference is only used by --ablation mean with --ablate")
+
+    texts = [(args.text, "the text", 0)]
+    if removed and args.ablation == "mean":
+        texts += [(t, "a --reference text", 0) for t in args.reference or []]
+    encoded: dict[str, list[int]] = {}
+    encode = encode_before_weights(texts, encoded)
+
+    def check_picture(tokenizer, config) -> None:
+        encode(tokenizer, config)
+        if args.text in encoded:  # the picture's size, before any weight is read
+            n_heads = 1 if args.head is not None else config.n_heads
+            check_attention_size(n_heads, 2 if removed else 1, len(encoded[args.text]))
 
     def check(config) -> None:
         check_heads(removed, config)
@@ -268,12 +306,14 @@ def cmd_attention(args) -> int:
                 f"{config.n_heads - 1} (counted from 0)"
             )
 
-    model = load_model(args.model, dtype=args.dtype, check_config=check)
-    ids = model.encode(args.text)
+    model = load_model(
+        args.model, dtype=args.dtype, check_config=check, check_tokenizer=check_picture
+    )
+    ids = encoded.get(args.text) or model.encode(args.text)
     check_prompt(ids, 0, model.config.n_ctx, "the text")
     reference = None
     if removed and args.ablation == "mean":
-        reference = [model.encode(t) for t in (args.reference or [args.text])]
+        reference = [encoded.get(t) or model.encode(t) for t in (args.reference or [args.text])]
         for ref in reference:
             check_prompt(ref, 0, model.config.n_ctx, "a --reference text")
     picture = attention_pattern(

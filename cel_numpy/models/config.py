@@ -163,7 +163,7 @@ class ModelConfig:
         if not isinstance(hf, dict):
             raise ConfigError(f"expected a JSON object, got {type(hf).__name__}")
         model_type = hf.get("model_type")
-        if model_type not in HF_ARCHITECTURES:
+        if not isinstance(model_type, str) or model_type not in HF_ARCHITECTURES:
             archs = hf.get("architectures") or []
             raise ConfigError(
                 f"unsupported architecture {str(model_type or archs)!r} in config.json; "

@@ -7,13 +7,13 @@ is exact (results agree with the plain forward to float rounding; tests compare 
   * weights laid out once per model (`prepare`): Q, K, V fused into one (D, (H + 2G) E) matrix
     (with the biases of whichever of them has one), W_O flat (H E, D), a gated MLP's gate and
     up fused into (D, 2F); float32 throughout, elementwise chains in place.
-  * a prefix tree of token sequences (`Tree`): rows are grouped into segments, each row of a
-    segment continuing one row of the segment before (a panel's common prefix -> each prompt ->
-    each answer continuation of that prompt). Causal attention means a segment's keys and values
-    do not depend on what follows, so each segment runs once and later segments attend to its
-    K/V as a past (`Past`). A chat template shared by a panel runs once per condition, not once
-    per item; a prompt with two continuations (the reference answer, the intact model's answer)
-    runs once.
+  * a prefix tree of token sequences (a list of `Segment`s): rows are grouped into segments,
+    each row of a segment continuing one row of the segment before (a panel's common prefix ->
+    each prompt -> each answer continuation of that prompt). Causal attention means a
+    segment's keys and values do not depend on what follows, so each segment runs once and
+    later segments attend to its K/V as a past (`Past`). A chat template shared by a panel runs
+    once per condition, not once per item; a prompt with two continuations (the reference
+    answer, the intact model's answer) runs once.
   * exact reuse across ablation conditions (`ablated_tree`): the residual stream entering layer
     j is keyed by the heads a condition ablates *below* j; only distinct keys are computed, so
     the intact prefix (layers below the lowest ablated head) comes from one intact pass
@@ -131,7 +131,7 @@ def keep_freed_memory() -> bool:
     A forward allocates and frees arrays of several MiB per layer. By default glibc maps each
     one afresh and unmaps it when freed, so every new activation array is paid again in page
     faults when it is first written, about 1.4 ms per MiB on this project's VMs, which made a
-    capitals screen 1.07-1.20x slower (`bench/bench_screen.py`, variant `keep_memory`). With
+    capitals screen measurably slower (`bench/bench_screen.py`, variant `keep_memory`). With
     the mmap threshold raised (and trimming off) freed blocks are reused: the process keeps its peak
     heap instead of shrinking between forwards. Process-wide; called by `prepare`, so any
     use of the fast engine turns it on. A no-op returning False where there is no glibc, or

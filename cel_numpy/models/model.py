@@ -50,6 +50,21 @@ from cel_numpy.ops import finite_argmax
 ABLATIONS = ("zero", "mean")
 
 
+def check_text_fits(tokenizer, text, n_tokens: int, what: str = "the text", why: str = "") -> None:
+    """PromptError when `text` needs more than n_tokens tokens by its length alone (checked
+    without encoding it; see tokenizer.token_lower_bound). why: where n_tokens comes from,
+    default the model's context."""
+    from cel_numpy.models.tokenizer import token_lower_bound
+
+    bound = token_lower_bound(tokenizer, text)
+    why = why or "of the model's context"
+    if bound > n_tokens:
+        raise PromptError(
+            f"{what} is {len(text):,} characters, at least {bound:,} tokens: more than the "
+            f"{n_tokens:,} tokens {why}: shorten it"
+        )
+
+
 def _is_int(x) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, np.integer))
 
@@ -146,6 +161,11 @@ class Model:
 
     def encode(self, text: str) -> list[int]:
         return self._require_tokenizer().encode(text)
+
+    def check_text_length(self, text, what: str = "the text") -> None:
+        """PromptError, before encoding, when `text` is too long for the context whatever its
+        tokens (`tokenizer.token_lower_bound`): a 2 MB text is refused at once, not encoded."""
+        check_text_fits(self.tokenizer, text, self.config.n_ctx, what)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._require_tokenizer().decode([int(i) for i in ids])
@@ -308,6 +328,29 @@ class Model:
             self.params, self.config, ids, mask, head_mask=head_mask, head_fill=head_fill
         )
 
+    def attention_pattern(
+        self, ids, layer: int, *, ablate=None, ablation="zero", reference=None, mean_z=None
+    ) -> np.ndarray:
+        """The attention pattern of every head of `layer`: (B, H, T, T).
+
+        Runs layers 0..layer only and keeps nothing else (no logits, no other layer's
+        activations): what a picture of one layer needs, in a fraction of the memory of
+        run_with_cache.
+        """
+        ids, mask = self.as_batch(ids)
+        head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
+        c = self.config
+        inputs = prepare_inputs(c, mask, ids.shape[1], self.dtype)
+        x = embed(self.params, c, ids, inputs.positions)  # (B, T, D)
+        ablation_kw = {"head_mask": head_mask, "head_fill": head_fill}
+        x, _, _ = blocks_forward(
+            self.params, c, x, inputs, range(layer), keep_activations=False, **ablation_kw
+        )  # (B, T, D): the input of `layer`
+        _, caches, _ = blocks_forward(
+            self.params, c, x, inputs, range(layer, layer + 1), **ablation_kw
+        )
+        return caches[layer].attn.probs  # (B, H, T, T)
+
     def logits(
         self, ids, attention_mask=None, *, ablate=None, ablation="zero", reference=None, mean_z=None
     ):
@@ -466,13 +509,16 @@ class Model:
         return render_chat(
             tok.chat_template,
             messages,
+            where=getattr(tok, "chat_template_file", None) or self.source,
             add_generation_prompt=add_generation_prompt,
             **(special_token_variables(tok) | variables),
         )
 
     def encode_chat_text(self, text: str) -> list[int]:
         """Ids of a rendered conversation: special tokens matched, no BOS added (as HF does)."""
-        return self._require_tokenizer().encode(text, add_bos=False)
+        tok = self._require_tokenizer()
+        self.check_text_length(text, "the rendered conversation")
+        return tok.encode(text, add_bos=False)
 
     def generate(
         self, text: str | Sequence[str], max_new_tokens: int = 16, **kwargs

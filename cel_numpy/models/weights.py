@@ -10,6 +10,7 @@ against this table (`check_tensors`) before reading any weight, then read throug
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -396,6 +397,7 @@ def check_tensors(
             f"{where}: the config says {config.n_layers} layers but the checkpoint holds only "
             f"{len(headers)} tensors: wrong config, or a damaged file (download it again)"
         )
+    check_no_extra_layers(config, headers, where)
     for spec in weight_table(config, fmt):
         name = getattr(spec, fmt)
         if name is None:
@@ -418,6 +420,26 @@ def check_tensors(
                 f"{where}: tensor {prefix + name} is stored as {header.dtype}, "
                 "not as floating point"
             )
+
+
+# The layer index in a checkpoint tensor name: GGUF blk.3., HF model.layers.3. and GPT-2 h.3.,
+# the .npz export's blocks.3.
+LAYER_INDEX = re.compile(r"(?:^|\.)(?:blk|layers|h|blocks)\.(\d+)\.")
+
+
+def check_no_extra_layers(config: ModelConfig, headers: dict[str, TensorHeader], where: str):
+    """No tensor belongs to a layer past the config's count (a damaged or edited layer count
+    would otherwise drop the last layers silently and give a different model)."""
+    found = [(int(m.group(1)), name) for name in headers if (m := LAYER_INDEX.search(name))]
+    if not found:
+        return
+    top, name = max(found)
+    if top >= config.n_layers:
+        raise ModelFileError(
+            f"{where}: the config says {config.n_layers} layers but the checkpoint holds tensors "
+            f"of layer {top} ({name}): the layer count is wrong or the file is damaged "
+            "(download it again)"
+        )
 
 
 def check_finite(value: np.ndarray, name: str, where: str, source_finite: bool = True) -> None:

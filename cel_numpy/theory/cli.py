@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 
+from cel_numpy import limits
 from cel_numpy.errors import OptionError
 from cel_numpy.heads import head_name, heads_name
 from cel_numpy.theory.train import TrainConfig
@@ -72,13 +72,6 @@ def register(subparsers) -> None:
 MAX_HEADS = 64  # the analysis ablates every set of up to 3 heads: C(64, 3) = 41664 sets
 
 
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def sample_bytes(n_heads: int, n_tokens: int = 8, n_types: int = 8, d_content: int = 8) -> int:
     """A generous bound on the memory one sample takes in a training step or an evaluation
     (measured: about 2.8 kB at the default sizes; inputs, per-head scores and gradients)."""
@@ -87,16 +80,13 @@ def sample_bytes(n_heads: int, n_tokens: int = 8, n_types: int = 8, d_content: i
 
 def check_memory(args) -> None:
     """--batch and --eval-samples must fit in this machine's memory (not a MemoryError later)."""
-    memory = _physical_memory()
-    if memory is None:
-        return
     for flag, n in (("--batch", args.batch), ("--eval-samples", args.eval_samples)):
-        need = n * sample_bytes(args.heads)
-        if need > memory // 2:
-            raise OptionError(
-                f"{flag} {n} needs about {need / 2**30:.3g} GiB with --heads {args.heads}, more "
-                f"than half of this machine's {memory / 2**30:.3g} GiB: use a smaller {flag}"
-            )
+        limits.check_memory(
+            n * sample_bytes(args.heads),
+            f"{flag} {n}",
+            f"use a smaller {flag}",
+            context=f" with --heads {args.heads}",
+        )
 
 
 def _config(args) -> TrainConfig:
