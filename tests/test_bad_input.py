@@ -836,8 +836,8 @@ CASES = [
         "stage-unknown",
         "localize --stage joint-search",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--stage", "joint-search"),
-        r"--stage must be one of baseline, screen, joint, confirm, heldout, nulls, crosstask, "
-        r"report, got 'joint-search'",
+        r"--stage must be one of baseline, screen, joint, confirm, heldout, nulls, matched-pool, "
+        r"matched-null, crosstask, report, got 'joint-search'",
     ),
     Case(
         "not-a-number",

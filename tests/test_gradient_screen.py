@@ -192,3 +192,77 @@ def test_a_long_screen_says_so_after_its_first_block(monkeypatch):
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     progress.Progress("screen", 100, stream=quick, slow_hint="hint").update(10)  # ~10 s in all
     assert "hint" not in quick.getvalue()
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def test_screen_agreement_against_scipy_and_by_hand():
+    """Spearman from scipy on the same vectors; overlaps and top-N counts by hand."""
+    from scipy.stats import spearmanr
+
+    from cel_numpy.localize.agreement import screen_agreement
+
+    rng = np.random.default_rng(2)
+    estimate = rng.normal(size=(3, 5))  # (L, H)
+    heads = [(l, h) for l in range(3) for h in range(5)]
+    lp = {hd: float(estimate[hd] + rng.normal(scale=0.5)) for hd in heads}
+    gain = {hd: int(round(2 * lp[hd])) for hd in heads}
+    conds = [{"heads": [list(hd)], "gain": gain[hd], "logprob_change": lp[hd]} for hd in heads]
+    nominated = sorted(heads, key=lambda hd: (-gain[hd], hd))[:4]
+    a = screen_agreement(estimate, conds, nominated, k=4)
+    est = [estimate[hd] for hd in heads]
+    assert a["spearman_logprob"] == pytest.approx(spearmanr(est, [lp[h] for h in heads])[0])
+    assert a["spearman_gain"] == pytest.approx(spearmanr(est, [gain[h] for h in heads])[0])
+    grad_top = set(sorted(heads, key=lambda hd: -estimate[hd])[:4])
+    assert a["overlap_nominees"] == len(grad_top & set(nominated))
+    assert a["overlap_logprob"] == len(grad_top & set(sorted(heads, key=lambda h: -lp[h])[:4]))
+    assert a["nominees_in_top"] == {"10": len(set(sorted(heads, key=lambda h: -estimate[h])[:10])
+                                               & set(nominated))}  # fmt: skip
+    assert a["complete"] and a["n_heads"] == 15
+    flat = [dict(c, gain=0) for c in conds]  # every gain 0: no rank correlation to speak of
+    assert screen_agreement(estimate, flat, nominated)["spearman_gain"] is None
+
+
+def test_exact_run_with_gradient_agreement_reports_it(tmp_path):
+    """--gradient-agreement on an exact screen: every head screened exactly, the estimate
+    beside it; the planted harmful head tops both."""
+    model = planted_model(np.random.default_rng(0), good=(0, 0), bad=(2, 3), n_layers=3, n_heads=4)
+
+    def make(t, reference_items):
+        return LMEvaluator(model, t, batch_size=7, spec="planted")
+
+    localize(tmp_path / "run", make, PlantedTask("choice"), n_discovery=20, n_heldout=20, seed=0,
+             progress=False, command="t", n_nominees=3, n_finalists=3,
+             gradient_agreement=True)  # fmt: skip
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    a = report["screen_agreement"]
+    assert a["complete"] and a["n_heads"] == 12 and a["spearman_logprob"] > 0.5
+    assert a["nominees_in_top"]["10"] >= 1
+    assert (
+        "Screen agreement: gradient pre-filter vs exact screen over all 12 heads"
+        in (tmp_path / "run" / "report.md").read_text()
+    )
+    # the script over two directories: this exact run and a --screen gradient run on the same
+    # model and panel (its estimates are the same numbers)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _run_gradient(tmp_path / "g")
+    script = Path(__file__).parent.parent / "scripts" / "screen_agreement.py"
+    cmd = [sys.executable, str(script), str(tmp_path / "run"), str(tmp_path / "g" / "run")]
+    done = subprocess.run(cmd + ["--json", str(tmp_path / "a.json")], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "a.json").read_text()) == a
+    done = subprocess.run([*cmd[:2], str(tmp_path / "g" / "run"), str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "did not screen every head exactly" in done.stderr
+
+
+def test_cli_refuses_gradient_agreement_for_the_theory_model(tmp_path):
+    with pytest.raises(OptionError, match="--gradient-agreement needs a language model"):
+        localize_cli(["localize", "--model", "theory", "--task", "A", "--gradient-agreement",
+                      "--out", str(tmp_path / "r")])  # fmt: skip
+    assert not (tmp_path / "r").exists()

@@ -12,7 +12,7 @@ from cel_numpy.errors import OptionError, PromptError
 from cel_numpy.limits import as_path, check_memory
 from cel_numpy.localize.evaluate import BATCH_SIZE
 from cel_numpy.localize.ranking import TIE_BREAKS, check_null_set_count, check_null_sets
-from cel_numpy.localize.routine import SCREENS
+from cel_numpy.localize.routine import MATCHED_POOL, SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
 from cel_numpy.tasks import CODE_TASKS, TASKS
 
@@ -27,10 +27,15 @@ baseline (intact twice, must agree), screen (every head alone), joint (pairs and
 top-10 nominees: 175 candidates), confirm (top-10 finalists, fresh intact comparator),
 heldout (a panel sharing no cluster -- country, antonym pair, subject noun... -- with discovery:
 cluster sign-flip test and cluster bootstrap interval, item-level McNemar as secondary), nulls
-(with --null-sets N: random head sets of the rank-1 size on held-out), crosstask (the finalists
-on every other task, exploratory), report (report.json, report.md, figures). Every stage is
-resumable: rerun the same command to continue; finished stages are validated, never silently
-redone.
+(with --null-sets N: random head sets of the rank-1 size on held-out), matched-pool and
+matched-null (with --matched-null R: the selection-matched null, R replicates of "the best of
+175 random sets by the search's own ranking", each pick tested on held-out; priced before it
+runs), crosstask (the finalists on every other task, exploratory), report (report.json,
+report.md, figures; every held-out gain also as the mean change of the reference answer's
+log-probability with its cluster interval). Every stage is resumable: rerun the same command to
+continue; finished stages are validated, never silently redone. Finished stages keep their
+per-item records gzip-compressed (<stage>.jsonl.gz: the copy to keep; `cel-numpy summarize
+--verify` recomputes a table from them); docs/results-format.md.
 
 --model theory trains the theory model (docs/design.md#theory-world, default config, --theory-seed)
 and runs the routine on task A (or B); an example is correct iff |y_hat - y| < --tau.
@@ -85,7 +90,7 @@ def register(subparsers) -> None:
         default="report",
         metavar="NAME",
         help="run up to and including this stage: baseline, screen, joint, confirm, heldout, "
-        "crosstask, report (default: report)",
+        "nulls, matched-pool, matched-null, crosstask, report (default: report)",
     )
     p.add_argument("--seed", type=int, default=0, help="panel seed (default 0)")
     p.add_argument(
@@ -140,6 +145,14 @@ def register(subparsers) -> None:
         help="with --screen gradient: heads screened exactly (default 30, at least 10)",
     )
     p.add_argument(
+        "--gradient-agreement",
+        action="store_true",
+        help="with --screen exact on a language model: also compute the first-order estimate "
+        "of every head (gradient.json, one forward + backward per batch) and report its "
+        "agreement with the exact screen (Spearman, top-10 overlap); --screen gradient runs "
+        "report it over their candidates anyway",
+    )
+    p.add_argument(
         "--tie-break",
         choices=TIE_BREAKS,
         default="logprob",
@@ -163,6 +176,30 @@ def register(subparsers) -> None:
         help="seed of the null sets (default: the panel --seed); recorded in the manifest",
     )
     add_fold_arguments(p)
+    p.add_argument(
+        "--matched-null",
+        type=int,
+        default=0,
+        metavar="R",
+        help="the selection-matched null: R replicates of 'the best of the search's budget (175 "
+        "sets) of random sets of the rank-1 size, by the search's ranking on discovery', each "
+        "pick tested on held-out (default 0: none). Its cost is printed before it runs",
+    )
+    p.add_argument(
+        "--matched-pool",
+        type=int,
+        default=MATCHED_POOL,
+        metavar="P",
+        help=f"random sets evaluated once on discovery, from which the replicates draw "
+        f"(default {MATCHED_POOL}; at least the budget, 175)",
+    )
+    p.add_argument(
+        "--matched-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seed of the matched null's pool and replicates (default: the panel --seed)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument(
         "--allow-code-execution",
@@ -507,11 +544,26 @@ def check_options(args) -> None:
             "--screen gradient needs a language model (its backward pass); use --screen exact "
             "with theory"
         )
+    if args.gradient_agreement and is_theory(args.model):
+        raise OptionError(
+            "--gradient-agreement needs a language model (the first-order estimate's backward "
+            "pass); the theory model has no gradient screen"
+        )
     if args.null_sets < 0 or (args.null_seed is not None and args.null_seed < 0):
         raise OptionError(
             f"--null-sets and --null-seed must be >= 0 (got {args.null_sets}, {args.null_seed})"
         )
     check_null_set_count(args.null_sets)  # against the model's size once its config is read
+    matched = (args.matched_null, args.matched_pool, args.matched_seed)
+    if (
+        args.matched_null < 0
+        or args.matched_pool < 1
+        or (matched[2] is not None and matched[2] < 0)
+    ):
+        raise OptionError(
+            "--matched-null and --matched-seed must be >= 0 and --matched-pool >= 1 (got "
+            f"{args.matched_null}, {args.matched_seed}, {args.matched_pool})"
+        )
     if args.candidates < 10:
         raise OptionError(
             f"--candidates must be >= 10 (the number of nominees), got {args.candidates}"
@@ -642,15 +694,23 @@ def run(args) -> int:
         null_sets=args.null_sets,
         null_seed=args.null_seed,
         fold=fold_option(args),
+        matched_null=args.matched_null,
+        matched_pool=args.matched_pool,
+        matched_seed=args.matched_seed,
+        gradient_agreement=args.gradient_agreement,
     )
     results = _run_with(loc, executor, args.stage, args.out)
     if "report" in results:
-        from cel_numpy.localize.report import fmt_heldout, fmt_nulls
+        from cel_numpy.localize.report import fmt_heldout, fmt_logprob, fmt_matched, fmt_nulls
 
         p = results["report"]["primary"]
         print(f"rank 1: {p['name']}  held-out: {fmt_heldout(p['heldout'])}")
+        if p.get("heldout_logprob"):
+            print(f"mean change of log p(reference): {fmt_logprob(p['heldout_logprob'])} nats")
         if p.get("nulls"):
             print(f"null sets: {fmt_nulls(p['nulls'], p['heldout']['gain'])}")
+        if p.get("matched_null"):
+            print(f"matched null: {fmt_matched(p['matched_null'], p['heldout']['gain'])}")
         print(f"report: {Path(args.out) / 'report.md'}")
     else:
         if "heldout" in results:  # the primary test is settled once the held-out stage is done
@@ -745,8 +805,9 @@ def register_test_heads(subparsers) -> None:
         "CEL_NUMPY_ALLOW_CODE_EXECUTION=1)",
     )
     p.set_defaults(
-        func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None
-    )
+        func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None,
+        matched_null=0, matched_pool=MATCHED_POOL, matched_seed=None, gradient_agreement=False,
+    )  # fmt: skip
 
 
 def run_test_heads(args) -> int:
@@ -821,17 +882,41 @@ def register_summarize(subparsers) -> None:
         "directories of the old format are refused.",
     )
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
-    p.add_argument("--json", type=Path, metavar="FILE", help="also write the numbers as JSON")
+    p.add_argument(
+        "--json",
+        type=Path,
+        metavar="FILE",
+        help="also write the numbers as JSON (never inside a run directory)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="recompute every number of the table from each run's per-item records "
+        "(<stage>.jsonl or .jsonl.gz) and fail on the first mismatch",
+    )
     p.set_defaults(func=run_summarize)
 
 
 def run_summarize(args) -> int:
     import json
 
-    from cel_numpy.localize.summary import render, summarize
+    from cel_numpy.localize.rundir import text_dump
+    from cel_numpy.localize.summary import check_output_path, render, summarize
 
-    summary = summarize(args.runs)
-    print(render(summary), end="")
     if args.json:
-        args.json.write_text(json.dumps(summary, indent=1) + "\n")
+        check_output_path(args.json, args.runs)
+    summary = summarize(args.runs)
+    for d in summary["repeated"]:
+        print(f"cel-numpy summarize: note: {d} names a run directory already given: counted once",
+              file=sys.stderr)  # fmt: skip
+    if args.verify:
+        from cel_numpy.localize.verify import verify
+
+        verify(summary)
+    print(render(summary), end="")
+    if args.verify:
+        print(f"\nverified: every number above recomputed from the records of the "
+              f"{len(summary['rows'])} runs (wall times excepted).")  # fmt: skip
+    if args.json:
+        text_dump(args.json, json.dumps(summary, indent=1) + "\n")
     return 0

@@ -204,3 +204,41 @@ def draw_null_sets(
             seen.add(cond)
             out.append(cond)
     return out
+
+
+def best_of_subsamples(
+    ranked: Sequence[int], n_pool: int, budget: int, replicates: int, seed: int
+) -> list[int]:
+    """The selection-matched null's picks: for each of `replicates` replicates, draw `budget` of
+    the `n_pool` pool sets without replacement and keep the best one by the search's ranking.
+
+    `ranked[i]` is pool set i's position in the ranking of the whole pool (0 = best), so the
+    best of a subsample is the one with the smallest position. Returns the pool index picked by
+    each replicate, reproducible from `seed`.
+    """
+    if sorted(ranked) != list(range(n_pool)):
+        raise ValueError(f"ranked must be a permutation of range({n_pool})")
+    if not 1 <= budget <= n_pool:
+        raise ValueError(f"budget must be in 1..{n_pool} (the pool), got {budget}")
+    position = np.asarray(ranked)  # (P,)
+    rng = np.random.default_rng(seed)
+    picks = []
+    for _ in range(replicates):
+        sample = rng.choice(n_pool, budget, replace=False)  # (budget,)
+        picks.append(int(sample[np.argmin(position[sample])]))
+    return picks
+
+
+def expected_distinct_picks(n_pool: int, budget: int, replicates: int) -> float:
+    """Expected number of distinct pool sets that `best_of_subsamples` picks (each needs one
+    held-out evaluation), whatever the pool's scores: the set ranked j-th (1-based) is a
+    replicate's pick with probability p_j = C(P - j, B - 1) / C(P, B) (it is drawn, the j - 1
+    better ones are not), so E = sum_j 1 - (1 - p_j)^R over j = 1 .. P - B + 1."""
+    p = budget / n_pool  # p_1
+    total = 0.0
+    last = n_pool - budget + 1
+    for j in range(1, last + 1):
+        total += 1.0 - (1.0 - p) ** replicates
+        if j < last:
+            p *= (n_pool - j - budget + 1) / (n_pool - j)  # p_{j+1} / p_j
+    return total

@@ -54,6 +54,32 @@ def _fmt_p(p: float) -> str:
     return f"{p:.2g}" if p >= 1e-4 else f"{p:.1e}"
 
 
+def finalist_logprobs(loc, stage: str, panel: str) -> list[dict | None]:
+    """The continuous metric (`routine.logprob_summary`) of every finalist on `panel`, from the
+    records of the finalist stage that evaluated it ([intact, finalists...] per panel)."""
+    from cel_numpy.localize.metrics import logprob_summary
+
+    blocks = loc.blocks.get(stage)
+    if not blocks:
+        return []
+    panels = [panel] if stage == "heldout" else [f"cross-{t.name}" for t in loc.cross_tasks]
+    group = 1 + len(loc.finalists)
+    start = panels.index(panel) * group
+    intact, results = blocks[start], blocks[start + 1 : start + group]
+    items = loc.panels[panel]
+    return [logprob_summary(items, intact, r, loc.seed) for r in results]
+
+
+def logprob_percentile(primary: dict | None, sets: list[dict]) -> dict | None:
+    """Where the primary set's mean log-probability change falls among null sets' changes."""
+    from cel_numpy.localize.metrics import null_percentile
+
+    values = [s.get("logprob_change") for s in sets for _ in range(s.get("times", 1))]
+    if primary is None or not values or any(v is None for v in values):
+        return None
+    return null_percentile(round(primary["mean"], 9), values)
+
+
 def build_report(loc) -> dict:
     r = loc.results
     manifest = loc.manifest
@@ -76,6 +102,13 @@ def build_report(loc) -> dict:
             "finalist order mismatch"
         )
         finalists.append(entry)
+    for entry, lp in zip(finalists, finalist_logprobs(loc, "heldout", "heldout")):
+        entry["heldout_logprob"] = lp
+    cross_lp = {
+        t.name: finalist_logprobs(loc, "crosstask", f"cross-{t.name}")[0]
+        for t in loc.cross_tasks
+        if finalists
+    }
     notes = []
     if r["screen"]["note"]:
         notes.append(r["screen"]["note"])
@@ -88,8 +121,10 @@ def build_report(loc) -> dict:
     changes = heldout_changes(loc.task, loc.panels["heldout"], intact_heldout, primary_heldout)
     figures = dict(FIGURES)
     nulls = r.get("nulls") or {}
-    if nulls.get("n"):
+    matched = r.get("matched-null") or {}
+    if nulls.get("n") or matched.get("n"):
         figures["nulls"] = NULLS_FIGURE
+    primary_lp = primary.get("heldout_logprob")
     return {
         "format": "cel-numpy.localize.report/2",
         "kind": "localize",
@@ -120,10 +155,15 @@ def build_report(loc) -> dict:
             "name": primary["name"],
             "heldout": primary["heldout"],
             "crosstask": primary["crosstask"],
-            "nulls": _null_digest(nulls),
             "changes": changes,
+            "heldout_logprob": primary_lp,
+            "crosstask_logprob": cross_lp,
+            "nulls": _null_digest(nulls, primary_lp),
+            "matched_null": _matched_digest(matched, primary_lp),
         },
         "nulls": nulls,
+        "matched_null": matched,
+        "screen_agreement": loc.screen_agreement(),
         "stage_seconds": loc.stage_seconds(),
         "intact": {
             "discovery": {"n": r["baseline"]["n"], "correct": r["baseline"]["correct"]},
@@ -141,11 +181,22 @@ def build_report(loc) -> dict:
     }
 
 
-def _null_digest(nulls: dict) -> dict | None:
+def _null_digest(nulls: dict, primary_lp: dict | None = None) -> dict | None:
     if not nulls.get("n"):
         return None
     keys = ("n", "seed", "size", "below", "ties", "percentile", "p_value")
-    return {k: nulls[k] for k in keys}
+    return {**{k: nulls[k] for k in keys},
+            "logprob": logprob_percentile(primary_lp, nulls["sets"])}  # fmt: skip
+
+
+def _matched_digest(matched: dict, primary_lp: dict | None) -> dict | None:
+    """The selection-matched null in a few numbers (report.json's "matched_null" has them all)."""
+    if not matched.get("n"):
+        return None
+    keys = ("n", "replicates", "budget", "pool", "distinct", "seed", "size", "below", "ties",
+            "percentile", "p_value")  # fmt: skip
+    return {**{k: matched[k] for k in keys},
+            "logprob": logprob_percentile(primary_lp, matched["sets"])}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- figures
@@ -244,22 +295,32 @@ def plot_crosstask(report: dict, path: Path) -> None:
 
 
 def plot_nulls(report: dict, path: Path) -> None:
+    """Held-out gains of the unselected null sets (filled) and of the selection-matched null's
+    picks (outline, each counted as often as replicates picked it), the primary set marked."""
     plt = _plt()
-    nulls = report["nulls"]
-    gains = [s["gain_rate"] for s in nulls["sets"]]
+    nulls = report.get("nulls") or {}
+    matched = report.get("matched_null") or {}
     primary = report["primary"]["heldout"]["gain_rate"]
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    ax.hist(gains, bins=min(30, max(5, len(gains) // 2)), color="0.6", label="random sets")
-    ax.axvline(primary, color="C3", linewidth=2, label=f"rank 1: {report['primary']['name']}")
+    titles = []
+    if nulls.get("n"):
+        gains = [s["gain_rate"] for s in nulls["sets"]]
+        ax.hist(gains, bins=min(30, max(5, len(gains) // 2)), color="0.6", density=True,
+                label=f"{nulls['n']} random sets")  # fmt: skip
+        titles.append(f"unselected: percentile {nulls['percentile']:.0f}")
+    if matched.get("n"):
+        picks = [s["gain_rate"] for s in matched["sets"] for _ in range(s["times"])]
+        ax.hist(picks, bins=min(30, max(5, len(set(picks)))), histtype="step", density=True,
+                color="C0", linewidth=1.5,
+                label=f"best of {matched['budget']}: {matched['n']} replicates")  # fmt: skip
+        titles.append(f"matched: percentile {matched['percentile']:.0f}")
+    ax.axvline(primary, color="C3", linewidth=2, label=f"primary: {report['primary']['name']}")
     ax.axvline(0, color="grey", linewidth=0.8)
     ax.set_xlabel("held-out gain rate")
-    ax.set_ylabel("null sets")
-    ax.set_title(
-        f"{nulls['n']} random sets of {nulls['size']} heads (seed {nulls['seed']}): "
-        f"percentile {nulls['percentile']:.0f}",
-        fontsize=9,
-    )
-    ax.legend(fontsize=8)
+    ax.set_ylabel("density")
+    size = nulls.get("size") or matched.get("size")
+    ax.set_title(f"null sets of {size} heads; " + "; ".join(titles), fontsize=9)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -313,6 +374,24 @@ def fmt_nulls(nulls: dict, primary_gain: int, label: str = "the rank-1 set") -> 
     )
 
 
+def fmt_logprob(d: dict | None) -> str:
+    """The continuous metric in a table cell: mean change in nats [cluster bootstrap 95%]."""
+    if not d:
+        return "-"
+    return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+
+
+def fmt_matched(matched: dict, primary_gain: int, label: str = "the rank-1 set") -> str:
+    return (
+        f"{label}'s held-out gain ({primary_gain:+d}) is above {matched['below']} of the "
+        f"{matched['n']} replicates' picks ({matched['ties']} ties; each the best of "
+        f"{matched['budget']} random sets of {matched['size']} heads by the search's ranking on "
+        f"discovery, drawn from a pool of {matched['pool']}, seed {matched['seed']}; "
+        f"{matched['distinct']} distinct picks): percentile {matched['percentile']:.1f}; "
+        f"share at least as good p = {_fmt_p(matched['p_value'])}"
+    )
+
+
 def render_markdown(report: dict) -> str:
     m, t = report["model"], report["task"]
     p = report["primary"]
@@ -345,10 +424,13 @@ def render_markdown(report: dict) -> str:
         f"Ablating **{p['name']}** on the held-out panel: {fmt_heldout(ho)}.",
         "",
     ]
+    lines += _logprob_lines(p)
     if p["nulls"]:
         lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'])}.", ""]
     if p.get("changes"):
         lines += [f"What the changes are (held-out): {fmt_changes(p['changes'])}.", ""]
+    if p.get("matched_null"):
+        lines += [f"Selection-matched null: {fmt_matched(p['matched_null'], ho['gain'])}.", ""]
     if p["crosstask"]:
         lines.append(
             "Other tasks (exploratory: not corrected for the many sets and tasks): "
@@ -362,10 +444,14 @@ def render_markdown(report: dict) -> str:
     for note in report["notes"]:
         lines.append(f"> Note: {note}")
         lines.append("")
+    if report.get("screen_agreement"):
+        from cel_numpy.localize.agreement import fmt_agreement
+
+        lines += [f"Screen agreement: {fmt_agreement(report['screen_agreement'])}.", ""]
     cross = list(report["finalists"][0]["crosstask"]) if report["finalists"] else []
     head = (
         "| rank | heads | discovery gain | confirm gain | held-out gain [cluster 95% CI] | "
-        "cluster p | item p | "
+        "cluster p | item p | held-out mean change of log p(reference) [cluster 95% CI] | "
         + " | ".join(f"{c} (exploratory)" for c in cross)
         + (" |" if cross else "")
     )
@@ -373,7 +459,7 @@ def render_markdown(report: dict) -> str:
         "## Finalists (frozen before confirmation, discovery order)",
         "",
         head,
-        "|" + "---|" * (7 + len(cross)),
+        "|" + "---|" * (8 + len(cross)),
     ]
     for f in report["finalists"]:
         row = (
@@ -381,7 +467,7 @@ def render_markdown(report: dict) -> str:
             f"({f['discovery']['gain_rate']:+.3f}) | "
             f"{f['confirm']['gain']:+d} | "
             f"{_fmt_gain(f['heldout'])} | {_fmt_p(f['heldout']['p_value'])} | "
-            f"{_fmt_p(f['heldout']['item_p_value'])} | "
+            f"{_fmt_p(f['heldout']['item_p_value'])} | {fmt_logprob(f.get('heldout_logprob'))} | "
         )
         row += " | ".join(_fmt_gain(f["crosstask"][c]) for c in cross) + (" |" if cross else "")
         lines.append(row)
@@ -408,8 +494,33 @@ def render_markdown(report: dict) -> str:
     for key, fname in report["figures"].items():
         lines.append(f"![{key}]({fname})")
         lines.append("")
-    lines += ["Per-example records: `<stage>.jsonl`; machine-readable numbers: `report.json`.", ""]
+    lines += [
+        "Per-example records: `<stage>.jsonl` (and `<stage>.jsonl.gz`, the copy to keep); "
+        "machine-readable numbers: `report.json`.",
+        "",
+    ]
     return "\n".join(lines)
+
+
+def _logprob_lines(p: dict) -> list[str]:
+    """The continuous metric of the primary set, under its accuracy result."""
+    lp = p.get("heldout_logprob")
+    if not lp:
+        return []
+    text = (
+        f"Mean change of the reference answer's log-probability on the held-out panel: "
+        f"{fmt_logprob(lp)} nats (cluster bootstrap 95%, {lp['n_clusters']} clusters)"
+    )
+    cross = {k: v for k, v in (p.get("crosstask_logprob") or {}).items() if v}
+    if cross:
+        text += "; other tasks (exploratory): " + "; ".join(
+            f"{k} {fmt_logprob(v)}" for k, v in cross.items()
+        )
+    for key, label in (("nulls", "unselected null sets"), ("matched_null", "matched-null picks")):
+        d = (p.get(key) or {}).get("logprob")
+        if d:
+            text += f"; percentile {d['percentile']:.1f} among the {label}"
+    return [text + ".", ""]
 
 
 def write_report(loc) -> dict:
@@ -451,6 +562,7 @@ def build_test_report(loc) -> dict:
     items = loc.panels["heldout"]
     intact, ablated = loc.heldout_blocks
     nulls = r.get("nulls") or {}
+    (primary_lp,) = finalist_logprobs(loc, "heldout", "heldout")
     return {
         "format": "cel-numpy.localize.report/2",
         "kind": "test-heads",
@@ -467,8 +579,9 @@ def build_test_report(loc) -> dict:
             "name": result["name"],
             "heldout": result,
             "crosstask": {},
-            "nulls": _null_digest(nulls),
             "changes": heldout_changes(loc.task, items, intact, ablated),
+            "heldout_logprob": primary_lp,
+            "nulls": _null_digest(nulls, primary_lp),
         },
         "intact": {"heldout": {"n": held["n"], "correct": held["intact_correct"]}},
         "examples": {
@@ -500,6 +613,7 @@ def render_test_markdown(report: dict) -> str:
         "",
         f"Removing **{p['name']}**: {fmt_heldout(ho)}.",
         "",
+        *_logprob_lines(p),
     ]
     if p["nulls"]:
         lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'], 'the set')}.", "",

@@ -15,6 +15,11 @@
                Newcombe's interval on items (secondary); `cel_numpy.localize.stats`
     nulls      with null_sets = N > 0: N random head sets of the rank-1 set's size (seeded,
                never the rank-1 set) on the held-out panel: is the found set special?
+    matched-pool  with matched_null = R > 0, the selection-matched null: a pool of P random head
+               sets of the rank-1 set's size evaluated on discovery against the baseline
+    matched-null  R replicates each draw the search's budget (its joint candidates, 175) from the
+               pool and keep the best by the joint ranking key; the distinct picks are evaluated
+               on held-out once: would a search of the same size over random heads do as well?
     crosstask  finalists on a panel of every other task: does the gain cost elsewhere?
                (exploratory: many sets times many tasks, no correction)
     report     report.json, report.md and figures
@@ -30,10 +35,12 @@ so every task sees the same intervention).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
@@ -47,6 +54,7 @@ from cel_numpy.localize.conditions import (
     condition_name,
     normalize_condition,
 )
+from cel_numpy.localize.metrics import logprob_change, null_percentile
 from cel_numpy.localize.progress import Progress
 from cel_numpy.localize.ranking import (
     N_FINALISTS,
@@ -54,10 +62,13 @@ from cel_numpy.localize.ranking import (
     TIE_BREAKS,
     Scored,
     all_heads,
+    best_of_subsamples,
     check_null_sets,
     decided_by,
     draw_null_sets,
+    expected_distinct_picks,
     joint_enumeration,
+    joint_key,
     nominees,
     rank_joint,
     rank_singletons,
@@ -66,9 +77,13 @@ from cel_numpy.localize.stats import clustered_summary, paired_summary
 from cel_numpy.outdir import prepare_out
 from cel_numpy.tasks.base import Item
 
-STAGES = ("baseline", "screen", "joint", "confirm", "heldout", "nulls", "crosstask", "report")
+STAGES = (
+    "baseline", "screen", "joint", "confirm", "heldout", "nulls", "matched-pool", "matched-null",
+    "crosstask", "report",
+)  # fmt: skip
 TEST_STAGES = ("heldout", "nulls", "report")  # `test_heads`: a given head set, no search
 SCREENS = ("exact", "gradient")
+MATCHED_POOL = 700  # default pool of the selection-matched null: 4x the search's 175 candidates
 
 
 def cel_numpy_version() -> str:
@@ -108,16 +123,6 @@ def _roundtrip(obj):
     return json.loads(json.dumps(obj))
 
 
-def logprob_change(comparator: list[ExampleResult], results: list[ExampleResult]) -> float | None:
-    """Mean over the items of ref_logprob(condition) - ref_logprob(intact); None if not recorded."""
-    pairs = [(c.ref_logprob, r.ref_logprob) for c, r in zip(comparator, results)]
-    if not pairs or any(a is None or b is None for a, b in pairs):
-        return None
-    # rounded to 1e-9: the fast and the plain evaluator sum log-probabilities in another order
-    # (differences ~1e-15), and a difference that small must not decide a tie
-    return round(sum(b - a for a, b in pairs) / len(pairs), 9)
-
-
 def _scored(cond: Condition, comparator: list[ExampleResult], results: list[ExampleResult]) -> dict:
     s = paired_summary([r.correct for r in comparator], [r.correct for r in results])
     return {
@@ -154,22 +159,6 @@ def _as_scored(d: dict) -> Scored:
         d["damaged"],
         d.get("logprob_change"),
     )
-
-
-def null_percentile(primary_gain: int, null_gains: Sequence[int]) -> dict:
-    """Where the primary set's held-out gain falls among the null sets' gains."""
-    n = len(null_gains)
-    below = sum(g < primary_gain for g in null_gains)
-    ties = sum(g == primary_gain for g in null_gains)
-    return {
-        "n": n,
-        "below": below,
-        "ties": ties,
-        "percentile": 100.0 * (below + 0.5 * ties) / n if n else None,
-        # share of null sets at least as good, counting the primary set itself (a valid p-value
-        # for "the primary set is no better than a random set of its size", with ties as hits)
-        "p_value": (1 + n - below) / (n + 1) if n else None,
-    }
 
 
 SLOW_HINTS = {  # what to try when a stage's first block predicts a long wait
@@ -223,6 +212,10 @@ class Localizer:
         null_sets: int = 0,
         null_seed: int | None = None,
         fold: tuple[int, int] | None = None,
+        matched_null: int = 0,
+        matched_pool: int = MATCHED_POOL,
+        matched_seed: int | None = None,
+        gradient_agreement: bool = False,
     ):
         if n_discovery < 1 or n_heldout < 1:
             raise UserError(
@@ -240,6 +233,17 @@ class Localizer:
             )
         if null_sets < 0:
             raise UserError(f"--null-sets must be >= 0, got {null_sets}")
+        if matched_null < 0 or matched_pool < 1:
+            raise UserError(
+                f"--matched-null must be >= 0 and --matched-pool >= 1 (got {matched_null}, "
+                f"{matched_pool})"
+            )
+        self.matched = {
+            "replicates": int(matched_null),
+            "pool": int(matched_pool),
+            "seed": int(seed if matched_seed is None else matched_seed),
+        }
+        self.gradient_agreement = bool(gradient_agreement)
         self.tie_break = tie_break
         self.fold = None if fold is None else (int(fold[0]), int(fold[1]))
         self.null_sets = int(null_sets)
@@ -258,6 +262,7 @@ class Localizer:
         self.command = command if command is not None else " ".join(sys.argv)
         self.n_nominees, self.n_finalists = int(n_nominees), int(n_finalists)
         self.results: dict[str, dict] = {}  # stage -> summary
+        self.blocks: dict[str, list[list[ExampleResult]]] = {}  # stage -> results per block
 
     # ------------------------------------------------------------------ setup
 
@@ -281,6 +286,11 @@ class Localizer:
         ev = self.evaluators["discovery"]
         self.n_layers, self.n_heads = int(ev.n_layers), int(ev.n_heads)
         self._check_model()  # before anything is written
+        if self.gradient_agreement and not hasattr(ev, "continuation_ids"):
+            raise UserError(
+                "--gradient-agreement needs a language model (the first-order estimate's "
+                "backward pass)"
+            )
         check_null_sets(self.null_sets, self.n_layers, self.n_heads, self._null_set_size())
         manifest = {
             "format": rd.FORMAT,
@@ -313,6 +323,9 @@ class Localizer:
             manifest["screen"] = {"method": self.screen_method, "n_candidates": self.n_candidates}
         if self.fold is not None:  # absent otherwise, so runs written before folds still resume
             manifest["fold"] = {"k": self.fold[0], "folds": self.fold[1]}
+        if self.matched["replicates"] and "matched-null" in self.stages:
+            manifest["matched_null"] = dict(self.matched)
+            self._check_matched_pool()
         if hasattr(ev, "prompts_sha256"):  # language models: the texts the model reads
             tasks = {"discovery": self.task, "heldout": self.task}
             tasks.update({f"cross-{t.name}": t for t in self.cross_tasks})
@@ -328,7 +341,62 @@ class Localizer:
             else:
                 rd.write_panel(path, items)
 
+        if "matched_null" in manifest:
+            self._say(self._matched_price())
+
     kind = "localize"
+
+    def _search_budget(self) -> int:
+        """Candidates the joint search ranks (175 with 10 nominees): the matched null's budget."""
+        n = min(self.n_nominees, self.n_layers * self.n_heads)
+        if self.screen_method == "gradient":
+            n = min(n, self.n_candidates)
+        return n + math.comb(n, 2) + math.comb(n, 3)
+
+    def _check_matched_pool(self) -> None:
+        """--matched-pool smaller than the budget, on a model with enough sets of every size to
+        fill the budget: refused before any work (a replicate could not draw its budget)."""
+        budget, pool = self._search_budget(), self.matched["pool"]
+        if pool < budget and self.n_layers * self.n_heads >= budget:
+            raise UserError(
+                f"--matched-pool {pool} is smaller than the search budget ({budget} candidate "
+                f"sets): each replicate draws {budget} sets from the pool; use --matched-pool "
+                f">= {budget} (4x the budget or more keeps the replicates apart)"
+            )
+
+    def _matched_price(self, size: int | None = None) -> str:
+        """The matched null's cost in (condition x item) evaluations, said before it runs."""
+        search_budget, reps = self._search_budget(), self.matched["replicates"]
+        n_heads = self.n_layers * self.n_heads
+        sizes = [size] if size is not None else [1, 2, 3]  # the rank-1 set's size, once known
+        pool = max(min(self.matched["pool"], math.comb(n_heads, k)) for k in sizes)
+        budget = min(search_budget, pool)
+        picks = expected_distinct_picks(pool, budget, reps)
+        at_most = min(reps, pool - budget + 1)
+        disc, held = self.n_discovery, self.n_heldout
+        screened = n_heads if self.screen_method == "exact" else min(n_heads, self.n_candidates)
+        search = screened * disc + (search_budget - min(self.n_nominees, screened)) * disc
+        cost = pool * disc + picks * held
+        text = (
+            f"matched null: {pool} pool sets x {disc} discovery items + about {picks:.0f} "
+            f"picked sets (at most {at_most}) x {held} held-out items = about {cost:,.0f} "
+            f"evaluations (condition x item); the search's screen and joint stages: {search:,}"
+        )
+        rate = self._seconds_per_evaluation()
+        if rate:
+            text += f"; about {cost * rate[0] / 60:.0f} min at the {rate[1]}'s pace"
+        return text
+
+    def _seconds_per_evaluation(self) -> tuple[float, str] | None:
+        """Seconds per (condition x item) of the joint search or the screen, as finished here
+        (ablated evaluations like the pool's; the intact baseline passes cost far more each)."""
+        for stage in ("joint", "screen"):
+            try:
+                info = json.loads(rd.stage_paths(self.out, stage)[1].read_text())
+                return float(info["seconds"]) / int(info["n_records"]), stage
+            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+                continue
+        return None
 
     def _extra_manifest(self) -> dict:
         return {}
@@ -368,9 +436,12 @@ class Localizer:
                 raise rd.RunDirError(
                     f"{done}: summary does not match its records; {rd._fresh_hint(stage)}"
                 )
+            if records.exists():  # finished by a cel-numpy that kept no compressed copy
+                rd.compress_records(self.out, stage)
             self._say(
-                f"{stage:<10} done earlier: validated {records.name} ({info['n_records']} records)"
+                f"{stage:<10} done earlier: validated {stage}.jsonl ({info['n_records']} records)"
             )
+            self.blocks[stage] = blocks
             return blocks, summary
         blocks: list[list[ExampleResult]] = []
         if records.exists():
@@ -470,6 +541,8 @@ class Localizer:
             summary,
             seconds=time.monotonic() - started,
         )
+        rd.compress_records(self.out, stage)
+        self.blocks[stage] = blocks
         return blocks, summary
 
     # ------------------------------------------------------------------ the stages
@@ -592,7 +665,20 @@ class Localizer:
 
         _, summary = self._run_stage("screen", plan, depends, summarize, label="screen")
         self.nominees = [tuple(h) for h in summary["nominees"]]
+        if self.gradient_agreement:  # the estimate beside the exact screen, for the report
+            self._gradient_estimates()
         return summary
+
+    def screen_agreement(self) -> dict | None:
+        """The gradient pre-filter against the exact screen (`cel_numpy.localize.agreement`),
+        when gradient.json exists (--screen gradient, or --gradient-agreement)."""
+        from cel_numpy.localize.agreement import screen_agreement
+
+        if not (self.out / "gradient.json").exists():
+            return None
+        estimate, _ = self._gradient_estimates()
+        screen = self.results["screen"]
+        return screen_agreement(estimate, screen["conditions"], screen["nominees"])
 
     def joint(self):
         screen = self.results["screen"]
@@ -737,6 +823,89 @@ class Localizer:
         _, summary = self._run_stage("nulls", plan, depends, summarize, label="nulls")
         return summary
 
+    def _matched_on(self) -> bool:
+        return bool(self.manifest.get("matched_null", {}).get("replicates"))
+
+    def matched_pool(self):
+        """The selection-matched null's pool: random sets of the rank-1 set's size on discovery,
+        against the baseline (uniform over all sets of that size, the rank-1 set included: a
+        random search may find it too), seeded; none when --matched-null is 0."""
+        if not self._matched_on():
+            return None
+        size = len(self.finalists[0])
+        n_sets = min(self.matched["pool"], math.comb(self.n_layers * self.n_heads, size))
+        if not rd.stage_paths(self.out, "matched-pool")[1].exists():
+            self._say(self._matched_price(size))
+        sets = draw_null_sets(
+            self.n_layers, self.n_heads, size, n_sets, self.matched["seed"], exclude=()
+        )
+        plan = [rd.Block(f"pool:{condition_name(c)}", "discovery", c) for c in sets]
+
+        def summarize(blocks):
+            return {
+                "size": size,
+                "seed": self.matched["seed"],
+                "budget": min(self._search_budget(), n_sets),
+                "conditions": [_scored(b.condition, self.intact, r) for b, r in zip(plan, blocks)],
+            }
+
+        depends = {s: rd.records_sha(self.out, s) for s in ("baseline", "joint")}
+        _, summary = self._run_stage("matched-pool", plan, depends, summarize, label="pool")
+        return summary
+
+    def matched_null(self):
+        """R replicates of "the best of `budget` random sets by the search's ranking key", drawn
+        from the pool; each distinct pick evaluated once on held-out against the held-out
+        intact pass. The primary set's held-out gain is placed among the R picks' gains."""
+        pool = self.results.get("matched-pool")
+        if not pool:
+            return None
+        scored = [_as_scored(c) for c in pool["conditions"]]
+        order = sorted(range(len(scored)), key=lambda i: joint_key(scored[i], self.tie_break))
+        position = [0] * len(scored)
+        for rank, i in enumerate(order):
+            position[i] = rank
+        reps = self.matched["replicates"]
+        picks = best_of_subsamples(
+            position, len(scored), pool["budget"], reps, self.matched["seed"]
+        )
+        times = Counter(picks)
+        distinct = sorted(times, key=lambda i: position[i])  # best pool rank first
+        plan = [
+            rd.Block(f"matched:{condition_name(scored[i].heads)}", "heldout", scored[i].heads)
+            for i in distinct
+        ]
+        items = self.panels["heldout"]
+        primary = self.results["heldout"]["heldout"]["finalists"][0]
+
+        def summarize(blocks):
+            sets = [
+                {
+                    **_clustered(b.condition, items, self.heldout_intact, r, self.seed),
+                    "times": times[i],
+                    "pool_rank": position[i] + 1,
+                    "discovery_gain": scored[i].gain,
+                }
+                for i, b, r in zip(distinct, plan, blocks)
+            ]
+            gains = [s["gain"] for s in sets for _ in range(s["times"])]
+            return {
+                "primary": primary["name"],
+                "size": pool["size"],
+                "budget": pool["budget"],
+                "pool": len(scored),
+                "replicates": reps,
+                "seed": self.matched["seed"],
+                "distinct": len(sets),
+                "sets": sets,
+                "primary_gain": primary["gain"],
+                **null_percentile(primary["gain"], gains),
+            }
+
+        depends = {s: rd.records_sha(self.out, s) for s in ("matched-pool", "heldout")}
+        _, summary = self._run_stage("matched-null", plan, depends, summarize, label="matched")
+        return summary
+
     def crosstask(self):
         pairs = [(f"{t.name}:", f"cross-{t.name}") for t in self.cross_tasks]
         _, summary = self._finalist_stage("crosstask", pairs, ["joint"])
@@ -767,7 +936,7 @@ class Localizer:
         with rd.Lock(self.out):
             self._setup()
             for stage in stages[: stages.index(until) + 1]:
-                self.results[stage] = getattr(self, stage)()
+                self.results[stage] = getattr(self, stage.replace("-", "_"))()
         return self.results
 
     stages = STAGES

@@ -8,7 +8,13 @@ Layout (one run = one (model, task) = one directory):
     panels/discovery.jsonl   one Item per line, with its content-hash id
     panels/heldout.jsonl
     panels/cross-<task>.jsonl
-    <stage>.jsonl            one line per (condition, example), see `record_line`
+    <stage>.jsonl            one line per (condition, example), see `record_line`: the working
+                             copy, appended to while the stage runs
+    <stage>.jsonl.gz         the same bytes gzip-compressed, written when the stage finishes
+                             (deterministic: no file name, mtime 0). This is the copy to keep or
+                             commit: a finished stage validates, resumes and verifies
+                             (`cel-numpy summarize --verify`) from either file; the plain one
+                             may be deleted once the stage is done
     <stage>.sums             one line per complete block: "<sha256 of its lines> <block name>"
     <stage>.done.json        written last: line count, sha256 of <stage>.jsonl, sha256 of the
                              records of the stages it depends on, the stage's per-condition
@@ -66,6 +72,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gzip
 import hashlib
 import json
 import os
@@ -78,7 +85,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from cel_numpy.errors import RunDirError
+from cel_numpy.errors import RunDirError, one_line
 from cel_numpy.limits import (
     MAX_JSON_BYTES,
     read_bytes_limited,
@@ -328,7 +335,8 @@ MANIFEST_KEYS = (
 )
 
 
-OPTIONAL_MANIFEST_KEYS = ("screen", "heads")  # present only when not the default / in test-heads
+# present only when not the default / in test-heads / with --matched-null
+OPTIONAL_MANIFEST_KEYS = ("screen", "heads", "matched_null")
 
 
 # Where the model was found: recorded in manifest["model"], not part of the run's identity
@@ -530,6 +538,18 @@ def read_blocks(
         data = Path(path).read_bytes()
     else:
         data = b""
+    return parse_blocks(data, path, plan, panels, stage, complete)
+
+
+def parse_blocks(
+    data: bytes,
+    path: Path,
+    plan: Sequence[Block],
+    panels: dict[str, list[Item]],
+    stage: str,
+    complete: bool,
+) -> tuple[list[list[ExampleResult]], int, int]:
+    """`read_blocks` on the records' bytes (`path` names them in errors)."""
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" if the file ends with a newline
     if torn and complete:
@@ -657,22 +677,16 @@ def validate_done(
 ) -> tuple[list[list[ExampleResult]], dict]:
     """Check a finished stage against its done-file, the manifest and the plan;
     return its results."""
-    records, done = stage_paths(run_dir, stage)
+    done = stage_paths(run_dir, stage)[1]
     info = read_json_object(done, _fresh_hint(stage))
-    if not records.exists():
-        raise RunDirError(f"{records} is missing but {done.name} exists; {_fresh_hint(stage)}")
     if info.get("manifest_key") not in (manifest_key(manifest), manifest_key(manifest, True)):
         raise RunDirError(f"{done} belongs to a different manifest; {_fresh_hint(stage)}")
-    if info.get("sha256") != sha256_file(records):
-        raise RunDirError(
-            f"{records} does not match {done.name} (sha256 differs: edited or corrupted); "
-            f"{_fresh_hint(stage)}"
-        )
+    records, data = finished_records(run_dir, stage, info)
     if info.get("depends") != depends:
         raise RunDirError(
             f"{done} was computed from different earlier stages; {_fresh_hint(stage)}"
         )
-    blocks, _, _ = read_blocks(records, plan, panels, stage, complete=True)
+    blocks, _, _ = parse_blocks(data, records, plan, panels, stage, complete=True)
     n_lines = sum(len(b) for b in blocks)
     if info.get("n_records") != n_lines or info.get("n_blocks") != len(plan):
         raise RunDirError(f"{done}: counts do not match {records.name}; {_fresh_hint(stage)}")
@@ -715,3 +729,73 @@ def records_sha(run_dir: Path, stage: str) -> str:
     if not isinstance(sha, str):
         raise RunDirError(f"{done} has no sha256 of its records; {_fresh_hint(stage)}")
     return sha
+
+
+# --------------------------------------------------------------------------- compressed records
+
+
+def gz_path(run_dir: Path, stage: str) -> Path:
+    return Path(run_dir) / f"{stage}.jsonl.gz"
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """gzip of `data` that depends on the bytes alone (no file name, mtime 0)."""
+    import io
+
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, compresslevel=9, mtime=0) as gz:
+        gz.write(data)
+    return buf.getvalue()
+
+
+def compress_records(run_dir: Path, stage: str) -> None:
+    """Write <stage>.jsonl.gz from the finished stage's <stage>.jsonl (atomically), unless a .gz
+    holding the same bytes is already there."""
+    plain, gz = stage_paths(run_dir, stage)[0], gz_path(run_dir, stage)
+    data = plain.read_bytes()
+    if gz.exists():
+        try:
+            if gzip.decompress(gz.read_bytes()) == data:
+                return
+        except (OSError, EOFError, gzip.BadGzipFile):
+            pass  # a damaged copy: rewritten from the plain records, which the done-file pins
+    tmp = gz.with_name(gz.name + ".tmp")
+    with writing(gz):
+        tmp.write_bytes(gzip_bytes(data))
+        os.replace(tmp, gz)
+
+
+MAX_RECORDS_BYTES = 2**31  # uncompressed records of one stage: far beyond any real run
+
+
+def finished_records(run_dir: Path, stage: str, info: dict) -> tuple[Path, bytes]:
+    """(the file read, the bytes) of a finished stage's records: <stage>.jsonl, or its .gz when
+    the plain file is gone; RunDirError if neither is there or the bytes do not match the sha256
+    the done-file `info` states."""
+    plain, done = stage_paths(run_dir, stage)
+    gz = gz_path(run_dir, stage)
+    if plain.exists():
+        require_regular_file(plain, "records file", RunDirError)  # never a FIFO or /dev/zero
+        path, data = plain, plain.read_bytes()
+    elif gz.exists():
+        require_regular_file(gz, "records file", RunDirError)
+        path = gz
+        try:
+            with gzip.open(gz, "rb") as fh:
+                data = fh.read(MAX_RECORDS_BYTES + 1)
+        except (OSError, EOFError, gzip.BadGzipFile) as err:
+            raise RunDirError(
+                f"{gz} is not a readable gzip file ({one_line(str(err))}); {_fresh_hint(stage)}"
+            ) from None
+        if len(data) > MAX_RECORDS_BYTES:
+            raise RunDirError(f"{gz} expands beyond {MAX_RECORDS_BYTES} bytes: not our records")
+    else:
+        raise RunDirError(
+            f"{plain} (or {gz.name}) is missing but {done.name} exists; {_fresh_hint(stage)}"
+        )
+    if info.get("sha256") != hashlib.sha256(data).hexdigest():
+        raise RunDirError(
+            f"{path} does not match {done.name} (sha256 differs: edited or corrupted); "
+            f"{_fresh_hint(stage)}"
+        )
+    return path, data

@@ -34,6 +34,10 @@ phi = (ad - bc - n/2) / sqrt((a+b)(c+d)(a+c)(b+d)) if ad - bc > n/2, 0 if 0 <= a
 and (ad - bc) / sqrt(...) if ad - bc < 0 (the continuity correction: without it the interval is
 too narrow on small tables). It stays inside [-1, 1] and behaves at 0 or n discordant pairs.
 
+The continuous metric (`clustered_mean`): the mean over a panel's items of the change in the
+reference answer's log-probability (removed minus intact), with the same cluster bootstrap
+interval as the gain rate.
+
 Several tests at once (`holm`): Holm's step-down adjustment, used across the primary tests of a
 multi-run summary.
 """
@@ -323,6 +327,45 @@ def clustered_summary(
         item_p_value=item.p_value,
         item_ci_low=item.ci_low,
         item_ci_high=item.ci_high,
+    )
+
+
+@dataclass(frozen=True)
+class ClusteredMean:
+    """A per-item quantity averaged over a panel, with the cluster as the unit of resampling."""
+
+    n: int
+    n_clusters: int
+    mean: float  # sum of the values / n
+    ci_low: float  # cluster bootstrap 95% interval of the mean (as for the gain rate)
+    ci_high: float
+    bootstrap_seed: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def clustered_mean(
+    clusters: Sequence[str], values: Sequence[float], *, seed: int = 0
+) -> ClusteredMean:
+    """Mean of per-item `values` with its cluster bootstrap interval: the per-cluster sums and
+    sizes resampled exactly as `clustered_summary` resamples the net gains (same seed, same
+    draws), so the gain rate and this mean come from one resampling scheme."""
+    if len(clusters) != len(values) or not len(values):
+        raise ValueError(f"need one cluster per value, got {len(clusters)} and {len(values)}")
+    total: dict[str, float] = {}
+    size: dict[str, int] = {}
+    for c, v in zip(clusters, values):
+        total[c] = total.get(c, 0.0) + float(v)
+        size[c] = size.get(c, 0) + 1
+    lo, hi = cluster_bootstrap_interval(list(total.values()), list(size.values()), seed=seed)
+    return ClusteredMean(
+        n=len(values),
+        n_clusters=len(total),
+        mean=float(sum(values)) / len(values),
+        ci_low=lo,
+        ci_high=hi,
+        bootstrap_seed=int(seed),
     )
 
 
