@@ -17,6 +17,7 @@ E d_head (Ev for values when it differs).
 Parameters of `attention_forward` (a dict; `grads` has the same keys and shapes):
     W_Q (H, D, E)   W_K (G, D, E)   W_V (G, D, E)   W_O (H, E, D)
     b_Q (H, E)      b_K (G, E)      b_V (G, E)      b_O (D,)        biases optional
+    q_norm.w (E,)   k_norm.w (E,)   optional (Gemma 3): RMSNorm of each head's q and k
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cel_numpy.ops import SoftmaxCache, softmax_backward, softmax_forward
+from cel_numpy.ops import (
+    RMSNormCache,
+    SoftmaxCache,
+    rms_norm_backward,
+    rms_norm_forward,
+    softmax_backward,
+    softmax_forward,
+)
 
 # --------------------------------------------------------------------------- masks
 
@@ -69,7 +77,7 @@ def _fold(a: np.ndarray, G: int) -> np.ndarray:
 
     Query head h = g * (H // G) + r lives in group g. Stacking a group's heads along the row
     axis turns H/G small matrix products into one larger one per (batch, group): the same
-    numbers, ~2x faster for GQA and the theory model's shared keys.
+    numbers in fewer, larger matrix products, for GQA and the theory model's shared keys.
     """
     B, H, T, X = a.shape
     return a.reshape(B, G, (H // G) * T, X)
@@ -92,9 +100,8 @@ def softmax_attention_forward(q, k, v, *, scale: float, mask: np.ndarray | None 
     Gv = v.shape[1]
     _check_groups(H, Gk, "k")
     _check_groups(H, Gv, "v")
-    scores = _fold(q, Gk) @ k.swapaxes(
-        -1, -2
-    )  # (B, Gk, H/Gk*T, E) @ (B, Gk, E, S) -> (B, Gk, H/Gk*T, S)
+    # (B, Gk, H/Gk*T, E) @ (B, Gk, E, S) -> (B, Gk, H/Gk*T, S)
+    scores = _fold(q, Gk) @ k.swapaxes(-1, -2)
     scores = scores.reshape(B, H, T, S) * scale  # (B, H, T, S)
     if mask is not None:
         scores = np.where(mask, scores, -np.inf)
@@ -118,20 +125,17 @@ def softmax_attention_backward(
     Gk, Gv = k.shape[1], v.shape[1]
     dz_f = _fold(dz, Gv)  # (B, Gv, H/Gv*T, Ev)
     dprobs = dz_f @ v.swapaxes(-1, -2)  # (B, Gv, H/Gv*T, Ev) @ (B, Gv, Ev, S) -> (B, Gv, H/Gv*T, S)
-    dv = (
-        _fold(probs, Gv).swapaxes(-1, -2) @ dz_f
-    )  # (B, Gv, S, H/Gv*T) @ (.., H/Gv*T, Ev) -> (B, Gv, S, Ev)
-    dscores = softmax_backward(
-        dprobs.reshape(B, H, T, S), cache.softmax
-    )  # (B, H, T, S); 0 where masked
+    # (B, Gv, S, H/Gv*T) @ (.., H/Gv*T, Ev) -> (B, Gv, S, Ev)
+    dv = _fold(probs, Gv).swapaxes(-1, -2) @ dz_f
+    # (B, H, T, S); 0 where masked
+    dscores = softmax_backward(dprobs.reshape(B, H, T, S), cache.softmax)
     dscores = dscores * cache.scale
     dscores_f = _fold(dscores, Gk)  # (B, Gk, H/Gk*T, S)
     dq = (dscores_f @ k).reshape(B, H, T, E)  # (B, Gk, H/Gk*T, S) @ (B, Gk, S, E) -> (B, H, T, E)
     dk = None
     if need_dk:
-        dk = dscores_f.swapaxes(-1, -2) @ _fold(
-            q, Gk
-        )  # (B, Gk, S, H/Gk*T) @ (.., H/Gk*T, E) -> (B, Gk, S, E)
+        # (B, Gk, S, H/Gk*T) @ (.., H/Gk*T, E) -> (B, Gk, S, E)
+        dk = dscores_f.swapaxes(-1, -2) @ _fold(q, Gk)
     return dq, dk, dv
 
 
@@ -142,14 +146,16 @@ def softmax_attention_backward(
 class HeadMaskCache:
     z: np.ndarray  # (B, H, T, E) per-head outputs before the mask
     head_mask: np.ndarray  # (H,)
-    fill: np.ndarray | None  # (H, E) value an ablated head is replaced by; None = zero
+    fill: np.ndarray | None  # (H, E) or per row (B, H, E): what an ablated head becomes; None = 0
 
 
 def head_mask_forward(z: np.ndarray, head_mask: np.ndarray, fill: np.ndarray | None = None):
     """z'_h = m_h z_h + (1 - m_h) fill_h.   z (B, H, T, E), head_mask (H,), fill (H, E) or None.
 
     m_h = 1 keeps head h, m_h = 0 removes it: zero ablation without `fill`, mean ablation with
-    fill = the head's mean output. A mask of ones without fill returns z bitwise unchanged.
+    fill = the head's mean output; a fill per row (B, H, E) gives each row its own value
+    (resample ablation: another item's mean output). A mask of ones without fill returns z
+    bitwise unchanged.
     """
     H = z.shape[1]
     if head_mask.shape != (H,):
@@ -157,7 +163,7 @@ def head_mask_forward(z: np.ndarray, head_mask: np.ndarray, fill: np.ndarray | N
     m = head_mask[:, None, None]  # (H, 1, 1)
     out = z * m  # (B, H, T, E)
     if fill is not None:
-        out = out + (1.0 - m) * fill[:, None, :]
+        out = out + (1.0 - m) * np.expand_dims(fill, -2)  # (H, 1, E) or (B, H, 1, E)
     return out, HeadMaskCache(z=z, head_mask=head_mask, fill=fill)
 
 
@@ -165,7 +171,7 @@ def head_mask_backward(dout: np.ndarray, cache: HeadMaskCache):
     """dout (B, H, T, E) -> dz (B, H, T, E), dhead_mask (H,)."""
     m = cache.head_mask[:, None, None]  # (H, 1, 1)
     dz = dout * m
-    contribution = cache.z if cache.fill is None else cache.z - cache.fill[:, None, :]
+    contribution = cache.z if cache.fill is None else cache.z - np.expand_dims(cache.fill, -2)
     dhead_mask = np.einsum("bhte,bhte->h", dout, contribution)  # (H,)
     return dz, dhead_mask
 
@@ -217,6 +223,8 @@ class AttentionCache:
     z_masked: np.ndarray  # (B, H, T, E) what W_O reads
     rotary: Rotary | None
     n_past: int  # number of cached key positions before this call
+    q_norm: RMSNormCache | None = None  # of q (B, H, T, E) before rotary (Gemma 3)
+    k_norm: RMSNormCache | None = None  # of this call's k (B, G, T, E) before rotary
 
     @property
     def probs(self) -> np.ndarray:  # (B, H, T, S)
@@ -254,20 +262,28 @@ def attention_forward(
     head_mask: np.ndarray | None = None,
     head_fill: np.ndarray | None = None,
     past_kv: tuple[np.ndarray, np.ndarray] | None = None,
+    scale: float | None = None,
+    norm_eps: float | None = None,
 ):
-    """One attention block: out = sum_h mask_h(softmax(q_h k^T / sqrt(E)) v) W_O[h] + b_O.
+    """One attention block: out = sum_h mask_h(softmax(scale q_h k^T) v) W_O[h] + b_O.
 
     x (B, T, D) -> out (B, T, D). `mask` bool broadcastable to (B, 1, T, S), True = may attend
     (see `padded_causal_mask`). `head_mask` (H,) multiplies each head's z before W_O;
     `head_fill` (H, E) is what a removed head is replaced by (mean ablation). `past_kv`
     = (k, v) of earlier positions, each (B, G, S_past, E), for incremental decoding; the cache's
     k and v include them, so `(cache.k, cache.v)` is the next call's `past_kv`.
+    `scale` defaults to 1/sqrt(E). With `q_norm`/`k_norm` in params (Gemma 3), q and k are
+    RMS-normed over E (epsilon `norm_eps`) before rotary.
     """
     W_Q, W_K, W_V, W_O = params["W_Q"], params["W_K"], params["W_V"], params["W_O"]
     E = W_Q.shape[-1]
     q = project_heads(x, W_Q, params.get("b_Q"))  # (B, H, T, E)
     k = project_heads(x, W_K, params.get("b_K"))  # (B, G, T, E)
     v = project_heads(x, W_V, params.get("b_V"))  # (B, G, T, E)
+    q_norm = k_norm = None
+    if "q_norm" in params:
+        q, q_norm = rms_norm_forward(q, params["q_norm"]["w"], norm_eps)  # (B, H, T, E)
+        k, k_norm = rms_norm_forward(k, params["k_norm"]["w"], norm_eps)  # (B, G, T, E)
     if rotary is not None:
         q = rotary_forward(q, rotary)
         k = rotary_forward(k, rotary)
@@ -276,9 +292,9 @@ def attention_forward(
         n_past = past_kv[0].shape[2]
         k = np.concatenate([past_kv[0], k], axis=2)  # (B, G, S, E)
         v = np.concatenate([past_kv[1], v], axis=2)  # (B, G, S, E)
-    z, core = softmax_attention_forward(
-        q, k, v, scale=1.0 / math.sqrt(E), mask=mask
-    )  # (B, H, T, E)
+    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    # (B, H, T, E)
+    z, core = softmax_attention_forward(q, k, v, scale=scale, mask=mask)
     head = None
     z_masked = z
     if head_mask is not None:
@@ -300,6 +316,8 @@ def attention_forward(
         z_masked=z_masked,
         rotary=rotary,
         n_past=n_past,
+        q_norm=q_norm,
+        k_norm=k_norm,
     )
     return out, cache
 
@@ -335,6 +353,9 @@ def attention_backward(
     if cache.rotary is not None:
         dq = rotary_backward(dq, cache.rotary)
         dk = rotary_backward(dk, cache.rotary)
+    if cache.q_norm is not None:
+        dq, grads["q_norm"] = rms_norm_backward(dq, cache.q_norm)  # (B, H, T, E), {"w": (E,)}
+        dk, grads["k_norm"] = rms_norm_backward(dk, cache.k_norm)  # (B, G, T, E), {"w": (E,)}
     dx = np.zeros_like(cache.x)
     for name, dy in (("Q", dq), ("K", dk), ("V", dv)):
         has_bias = f"b_{name}" in params

@@ -20,17 +20,18 @@ import time
 from pathlib import Path
 
 # The README's capitals head set: rank 1 of `cel-numpy localize --model smollm2 --task capitals
-# --discovery 20 --heldout 300` (panel seed 0), docs/results/capitals/.
+# --discovery 20 --heldout 300` (panel seed 0), docs/results/archive/round1-old-format/capitals/.
 CAPITALS_HEADS = "L10H3+L11H5+L23H0"
 # The 19 countries asked by the 20-item discovery panel that chose these heads (seed 0, the
-# 70-country table of that run; panel hash ad1275ae in docs/results/capitals/manifest.json).
+# 70-country table of that run; panel hash ad1275ae in its manifest.json under
+# docs/results/archive/round1-old-format/capitals/).
 SELECTION_COUNTRIES = (
     "Afghanistan", "Armenia", "Austria", "Bangladesh", "Belgium", "Canada", "Estonia", "Ethiopia",
     "Finland", "Germany", "Iran", "Iraq", "Lebanon", "Malaysia", "North Korea", "Pakistan",
     "Senegal", "Uganda", "Venezuela",
 )  # fmt: skip
 # A panel seed that no documented run used (README runs: seeds 0-2, see "What you will see"), so
-# the held-out items are drawn afresh; 200 items keep the step near three minutes on two cores.
+# the held-out items are drawn afresh; 200 items keep the step well under a minute on two cores.
 DEMO_SEED = 2026
 DEMO_HELDOUT = 200
 DEMO_WORKERS = 2
@@ -38,8 +39,9 @@ DEMO_WORKERS = 2
 # without the heads (README, "What you will see"): intact SmolLM2 answers Lahore, one of
 # Pakistan's largest cities; without the three heads, Islamabad, its capital.
 DEMO_PROMPT = "Germany: Berlin\nSpain: Madrid\nPeru: Lima\nPakistan:"
-# Wall times of each step on the 2-core VM (README, "What you will see"), printed at the start.
-STEP_SECONDS = {"theory": 15, "test-heads": 200, "localize": 40, "generate": 20}
+# Wall times of each step on an idle 2-core VM, rounded up (test-heads measured 30-42 s, the
+# whole demo 47 s; README, "What you will see"), printed at the start as the estimate.
+STEP_SECONDS = {"theory": 10, "test-heads": 45, "localize": 15, "generate": 15}
 
 
 def register(subparsers, run_command) -> None:

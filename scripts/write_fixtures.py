@@ -12,10 +12,12 @@ Deterministic: every random draw comes after torch.manual_seed(seed of that mode
 torch 2.13.0, transformers 5.24.0, tokenizers 0.23.3.
 
 Outputs:
-  tiny_gpt2/, tiny_llama/, tiny_llama_tied/, tiny_qwen2/
+  tiny_gpt2/, tiny_llama/, tiny_llama_tied/, tiny_qwen2/, tiny_gemma3/
       Hugging Face folders (config.json, generation_config.json, model.safetensors; float32) of
       randomly initialised GPT2LMHeadModel / LlamaForCausalLM / Qwen2ForCausalLM (Q/K/V biases,
-      4 query heads over 2 kv heads, rope base 1e6, untied unembedding). Weights are drawn wider
+      4 query heads over 2 kv heads, rope base 1e6, untied unembedding) / Gemma3ForCausalLM
+      (see gemma3_config: sliding and global layers, q/k and sandwich norms; `--only gemma3`).
+      Weights are drawn wider
       than the default init (matrices N(0, 0.2^2), norm gains 1 + 0.1 N, biases 0.1 N) so the
       logits are far from zero and a wrong forward cannot pass by accident.
   <name>_reference.npz, float64 outputs of the saved float32 weights cast to float64:
@@ -86,6 +88,8 @@ import torch
 import transformers
 from tokenizers import ByteLevelBPETokenizer
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -93,6 +97,7 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen2 import modeling_qwen2
 
@@ -181,12 +186,42 @@ def qwen2_config() -> Qwen2Config:
     )
 
 
+def gemma3_config() -> Gemma3TextConfig:
+    """Gemma 3's pieces at toy size: sliding layers 0 and 2 with a window of 3 keys (shorter
+    than the 7-token rows) and rotary base 1e4, a global layer 1 with base 1e6, q/k norms,
+    sandwich norms, gated GELU, sqrt(D) embedding scale, a query scale (6) that is not the head
+    size (8), GQA 4 over 2, tied unembedding."""
+    return Gemma3TextConfig(
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        head_dim=8,
+        intermediate_size=48,
+        vocab_size=VOCAB,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=64,
+        query_pre_attn_scalar=6,
+        sliding_window=3,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+        tie_word_embeddings=True,
+        pad_token_id=PAD_ID,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+
+
 MODELS = {
     # name: (model class, config factory, seed, o_proj attribute path inside one layer)
     "tiny_gpt2": (GPT2LMHeadModel, gpt2_config, 0, "attn.c_proj"),
     "tiny_llama": (LlamaForCausalLM, llama_config, 1, "self_attn.o_proj"),
     "tiny_llama_tied": (LlamaForCausalLM, llama_tied_config, 2, "self_attn.o_proj"),
     "tiny_qwen2": (Qwen2ForCausalLM, qwen2_config, 3, "self_attn.o_proj"),
+    "tiny_gemma3": (Gemma3ForCausalLM, gemma3_config, 4, "self_attn.o_proj"),
 }
 
 
@@ -266,10 +301,46 @@ def llama_float64_numerics():
         yield
 
 
+def _gemma3_rmsnorm_same_dtype(self, x):
+    """Gemma3RMSNorm without the float32 round trip: x / sqrt(mean(x^2) + eps) * (1 + w)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight)
+
+
+def _gemma3_rotary_float64(self, x, position_ids, layer_type):
+    """Gemma3RotaryEmbedding with inv_freq and angles in float64, per layer type's base."""
+    params = self.config.rope_parameters[layer_type]
+    assert params["rope_type"] == "default", f"only default rope is patched, got {params}"
+    dim = _head_dim(self.config)
+    inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    freqs = position_ids[..., None].to(torch.float64) * inv_freq  # (B,T,E/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (B,T,E)
+    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def _gemma3_embedding_exact_scale(self, input_ids):
+    """Gemma3TextScaledWordEmbedding times the Python float sqrt(D) (HF: a float32 buffer)."""
+    return torch.nn.Embedding.forward(self, input_ids) * self.scalar_embed_scale
+
+
+@contextlib.contextmanager
+def gemma3_float64_numerics():
+    """Gemma 3's float32 pieces in float64: the norms, rotary, softmax and the embedding scale."""
+    embedding = modeling_gemma3.Gemma3TextScaledWordEmbedding
+    with (
+        mock.patch.object(modeling_gemma3.Gemma3RMSNorm, "forward", _gemma3_rmsnorm_same_dtype),
+        mock.patch.object(modeling_gemma3.Gemma3RotaryEmbedding, "forward", _gemma3_rotary_float64),
+        mock.patch.object(modeling_gemma3, "eager_attention_forward", _eager_attention_same_dtype),
+        mock.patch.object(embedding, "forward", _gemma3_embedding_exact_scale),
+    ):
+        yield
+
+
 def float64_numerics(model):
     """The float64 patches for the Llama-like families; GPT-2 needs none."""
     if model.config.model_type in ("llama", "qwen2"):
         return llama_float64_numerics()
+    if model.config.model_type == "gemma3_text":
+        return gemma3_float64_numerics()
     return contextlib.nullcontext()
 
 
@@ -931,6 +1002,132 @@ def write_qwen2_real_fixtures() -> None:
     write_qwen2_golden_fixture(qwen)
 
 
+# ---------------------------------------------------------------- Gemma 3 270M GGUF references
+
+GEMMA3_EXTRA_CORPUS = [
+    "The capital of Japan is",
+    "Hello  world   with    runs     of      spaces",
+    "  two leading, three trailing   ",
+    "\t\ttabs\t and\n\nnewlines\n\n\n\n and both \n \t \n",
+    "1234567890 0.5 -17 3,000,000 1e-9 0x7fff 2024-06-01 48 plus 76 = 124",
+    "emoji 🤖🎉👍🏽 🇯🇵 ❤️ 🫠 and a ZWJ family 👩‍👩‍👧‍👦",
+    "byte fallback: \ue000\uf8ff \U000f0000 \U00050000 \x00\x01\x7f \u0378",
+    "Ελληνικά, русский язык, עברית, العربية, हिन्दी, ภาษาไทย, 한국어, 日本語, 中文",
+    "<start_of_turn>user\nWhat is the capital of France?<end_of_turn>\n<start_of_turn>model\n",
+    "<bos><eos><pad><unk><mask>[multimodal]<unused0><start_of_image><end_of_image>",
+    "<start_of_turn <end_of_turn <start_of_turn> x <unused99> <unused6241>",
+    "<table><tr><td>cell</td></tr></table> <h1>title</h1> <br/>",
+    "Question: What is 48 plus 76?\nAnswer: 124\n\nQuestion: What is 5 times 7?\nAnswer:",
+    "Country: France\nCapital: Paris\n\nCountry: Japan\nCapital:",
+    "hot -> cold\nbig -> small\nup ->",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa ▁▁▁ ▁x x▁",
+]
+
+# A prompt longer than the 512-key sliding window, so the local layers' window cuts.
+GEMMA3_LONG_PROMPT = (
+    " ".join(
+        f"Item {i}: the {w} of {c} is remembered."
+        for i, (w, c) in enumerate(
+            [("river", "Egypt"), ("mountain", "Nepal"), ("lake", "Chile"), ("desert", "Chad")] * 30
+        )
+    )
+    + " The first item was about the river of"
+)
+GEMMA3_GOLDEN_PROMPTS = [
+    "The capital of Japan is",
+    "Country: France\nCapital: Paris\n\nCountry: Italy\nCapital: Rome\n\nCountry: Kenya\nCapital:",
+    "hot -> cold\nbig -> small\nfast ->",
+    GEMMA3_LONG_PROMPT,
+]
+GEMMA3_GREEDY_TOKENS = 8
+
+
+def write_gemma3_tokenizer_fixture(path: Path) -> None:
+    """Ids of a corpus under transformers' tokenizer read from the Gemma 3 GGUF."""
+    import random
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from write_tokenizer_fixture_smollm2 import CORPUS, N_RANDOM, POOL
+
+    hf = _hf_gguf_tokenizer(path)
+    rng = random.Random(20251203)
+    pool = POOL + ["  ", "   ", "\n\n", "\t\t", "<start_of_turn>", "<end_of_turn>", "🤖", "\ue000"]
+    randoms = [
+        "".join(rng.choice(pool) for _ in range(rng.randint(1, 80))) for _ in range(2 * N_RANDOM)
+    ]
+    cases = []
+    for text in CORPUS + GEMMA3_EXTRA_CORPUS + [GEMMA3_LONG_PROMPT] + randoms:
+        ids = hf.encode(text, add_special_tokens=False)
+        cases.append(
+            {"text": text, "ids": ids, "decoded": hf.decode(ids, skip_special_tokens=False)}
+        )
+    with_bos = hf.encode("The capital of Japan is")
+    assert with_bos[0] == hf.bos_token_id == 2, f"transformers adds <bos>: {with_bos}"
+    out = FIXTURES / "gemma3_tokenizer_reference.json"
+    fixture = {
+        "description": "Gemma 3 270M GGUF tokenizer: ids of transformers' tokenizer read from the "
+        "GGUF (AutoTokenizer.from_pretrained(folder, gguf_file=...), encode with "
+        "add_special_tokens=False); written by scripts/write_fixtures.py --only gemma3-real",
+        "gguf_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "tokenizers_version": tokenizers.__version__,
+        "transformers_version": transformers.__version__,
+        "cases": cases,
+    }
+    out.write_text(json.dumps(fixture, ensure_ascii=True, indent=1) + "\n", encoding="utf-8")
+    print(f"{out.name}: {len(cases)} cases")
+
+
+def write_gemma3_golden_fixture(path: Path) -> None:
+    """transformers reads the Gemma 3 GGUF (dequantized by gguf, float32): ids, last-position
+    logits and a short greedy continuation per prompt."""
+    hf_tok = _hf_gguf_tokenizer(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    cfg = model.config
+    print(
+        f"{type(model).__name__}: layer_types {cfg.layer_types}, window {cfg.sliding_window}, "
+        f"rope {cfg.rope_parameters}, query_pre_attn_scalar {cfg.query_pre_attn_scalar}"
+    )
+    V = cfg.vocab_size
+    sample = np.random.default_rng(7).choice(V, size=GOLDEN_SAMPLE, replace=False)
+    out = {}
+    for i, text in enumerate(GEMMA3_GOLDEN_PROMPTS):
+        ids = hf_tok.encode(text)  # with <bos>, as the model was trained
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1].double().numpy()  # (V,)
+            greedy = model.generate(
+                torch.tensor([ids]), max_new_tokens=GEMMA3_GREEDY_TOKENS, do_sample=False
+            )[0, len(ids) :].tolist()
+        top = np.argsort(-logits)[:GOLDEN_TOP]
+        out[f"text_{i}"] = np.array(text)
+        out[f"ids_{i}"] = np.array(ids, dtype=np.int64)
+        out[f"top_ids_{i}"] = top.astype(np.int64)
+        out[f"top_logits_{i}"] = logits[top].astype(np.float32)
+        out[f"sample_logits_{i}"] = logits[sample].astype(np.float32)
+        out[f"logsumexp_{i}"] = np.float64(
+            np.log(np.exp(logits - logits.max()).sum()) + logits.max()
+        )
+        out[f"greedy_{i}"] = np.array(greedy, dtype=np.int64)
+        print(
+            f"golden {i}: {len(ids)} ids, top-1 {hf_tok.decode([int(top[0])])!r}, "
+            f"greedy {hf_tok.decode(greedy)!r}"
+        )
+    np.savez_compressed(
+        FIXTURES / "gemma3_golden.npz",
+        sample_ids=sample.astype(np.int64),
+        gguf_sha256=np.array(hashlib.sha256(path.read_bytes()).hexdigest()),
+        transformers_version=np.array(transformers.__version__),
+        **out,
+    )
+
+
+def write_gemma3_real_fixtures() -> None:
+    gemma = _cached_gguf("gemma-3-270m")
+    write_gemma3_tokenizer_fixture(gemma)
+    write_gemma3_golden_fixture(gemma)
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -959,7 +1156,7 @@ def main(argv: list) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=["grads", "qwen2", "qwen2-real"],
+        choices=["grads", "qwen2", "qwen2-real", "gemma3", "gemma3-real"],
         help="grads: rewrite only <name>_grads.npz from the committed model folders; "
         "qwen2: write only tiny_qwen2/ and its reference and gradient files; qwen2-real: "
         "the tokenizer, chat-template and golden-logit references of the real GGUF files",
@@ -975,6 +1172,14 @@ def main(argv: list) -> None:
 
     if args.only == "qwen2-real":
         write_qwen2_real_fixtures()
+        return
+    if args.only == "gemma3-real":
+        write_gemma3_real_fixtures()
+        return
+    if args.only == "gemma3":
+        write_model_fixture("tiny_gemma3")
+        write_gradient_fixture("tiny_gemma3")
+        check_sizes()
         return
     if args.only == "qwen2":
         write_model_fixture("tiny_qwen2")

@@ -253,6 +253,16 @@ CASES = [
         r"supported model_type: gpt2, llama",
     ),
     Case(
+        "gemma3-softcapping",
+        "a Gemma 3 config.json with final_logit_softcapping",
+        lambda t: [
+            "inspect",
+            "--model",
+            str(edit_config(copy_fixture(t, "tiny_gemma3"), final_logit_softcapping=30.0)),
+        ],
+        r"config\.json: gemma3 final_logit_softcapping=30\.0 is not supported \(Gemma 3 has none\)",
+    ),
+    Case(
         "config-bad-value",
         "config.json with n_head 0",
         lambda t: ["inspect", "--model", str(edit_config(copy_fixture(t, "tiny_gpt2"), n_head=0))],
@@ -561,8 +571,8 @@ CASES = [
         "gguf-architecture",
         "a GGUF file of an unsupported architecture (falcon)",
         lambda t: ["inspect", "--model", str(gguf_of_arch(t, "falcon"))],
-        r"falcon\.gguf: GGUF architecture 'falcon' is not supported; supported: llama, qwen2 "
-        r"\(use a GGUF",
+        r"falcon\.gguf: GGUF architecture 'falcon' is not supported; "
+        r"supported: llama, qwen2, gemma3 \(use a GGUF",
     ),
     Case(
         "npz-not-zip",
@@ -610,14 +620,17 @@ CASES = [
         "unknown-model",
         "a model name that is neither known nor a path",
         lambda t: ["inspect", "--model", "llama-7b"],
-        r"model 'llama-7b' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b\), "
+        r"model 'llama-7b' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, "
+        r"gemma-3-270m\), "
         r"a Hugging Face folder, a \.gguf or a \.npz file",
     ),
     Case(
         "fetch-unknown",
         "fetching an unknown name",
         lambda t: ["fetch", "llama-7b"],
-        r"unknown name 'llama-7b'; known names: gpt2-tokenizer, qwen2.5-coder-0.5b, smollm2",
+        r"unknown name 'llama-7b'; known names: boolq, gemma-3-270m, gpt2-tokenizer, hellaswag, "
+        r"mbpp, "
+        r"qwen2.5-coder-0.5b, smollm2",
     ),
     # ------------------------------------------------------------------ prompts
     Case(
@@ -667,8 +680,8 @@ CASES = [
             "--cross-tasks",
             "none",
         ),
-        r"task 'capitals' \((discovery|heldout) panel\): a prompt needs \d+ tokens with its "
-        r"answer, more than the model's context of 64 tokens",
+        r"a prompt of task 'capitals' \((discovery|heldout) panel\) is \d+ characters, at least "
+        r"\d+ tokens: more than the 64 tokens of the model's context: shorten it",
     ),
     # ------------------------------------------------------------------ options
     Case(
@@ -716,7 +729,8 @@ CASES = [
         "localize --task capital (a typo)",
         lambda t: _localize("smollm2", t / "run", "--task", "capital"),
         r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, "
-        r"arithmetic_chat, capitals, greater_than, ioi",
+        r"arithmetic_chat, capitals, greater_than, ioi, hellaswag, boolq, mbpp, or a \.jsonl task "
+        r"file \(docs/tasks\.md\)",
     ),
     Case(
         "unknown-cross-task",
@@ -730,7 +744,9 @@ CASES = [
         "unknown-localize-model",
         "localize --model gpt-2 (not a known name or a path)",
         lambda t: _localize("gpt-2", t / "run", "--task", "ioi"),
-        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, theory, "
+        r"--model 'gpt-2' not found: give a known name \(smollm2, qwen2\.5-coder-0\.5b, "
+        r"gemma-3-270m, "
+        r"theory, "
         r"theory:PATH/params\.npz\), a Hugging Face folder, a \.gguf or a \.npz file",
     ),
     Case(
@@ -757,6 +773,58 @@ CASES = [
         ],
         r"task 'greater_than' can produce at most 7760 distinct items; "
         r"--discovery 5000 \+ --heldout 5000 = 10000: ask for fewer",
+    ),
+    Case(
+        "fold-alone",
+        "localize --fold 1 without --folds",
+        lambda t: _localize("smollm2", t / "run", "--task", "capitals", "--fold", "1"),
+        r"--fold k and --folds K go together \(e\.g\. --fold 0 --folds 3\)",
+    ),
+    Case(
+        "fold-out-of-range",
+        "localize --fold 3 --folds 3",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "capitals", "--fold", "3", "--folds", "3"
+        ),  # fmt: skip
+        r"--fold 3 --folds 3: want --folds K >= 2 and 0 <= --fold < K",
+    ),
+    Case(
+        "fold-theory",
+        "localize --model theory --fold 0 --folds 3",
+        lambda t: _localize("theory", t / "run", "--task", "A", "--fold", "0", "--folds", "3"),
+        r"--fold: the theory tasks draw fresh samples \(no finite cluster space to split into "
+        r"folds\); run theory without --fold",
+    ),
+    Case(
+        "fold-too-small",
+        "localize --task agreement --fold 0 --folds 50 (50 clusters)",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "agreement", "--fold", "0", "--folds", "50"
+        ),  # fmt: skip
+        r"task 'agreement' has 50 clusters: 50 folds leave fold 0 1, and a discovery and a "
+        r"held-out panel need one each: use fewer --folds",
+    ),
+    Case(
+        "resample-one-cluster",
+        "test-heads --ablation resample on a held-out panel of one cluster",
+        lambda t: [
+            "test-heads",
+            "--model",
+            "smollm2",
+            "--task",
+            "agreement",
+            "--heads",
+            "L1H1",
+            "--heldout",
+            "2",
+            "--ablation",
+            "resample",
+            "--out",
+            str(t / "run"),
+        ],
+        r"resample ablation takes each item's donor from another cluster: the panel has 2 items "
+        r"and its largest cluster 2; it needs at least twice as many items as its largest "
+        r"cluster holds \(use a larger panel or another ablation\)",
     ),
     Case(
         "batch-size-zero",
@@ -1456,12 +1524,14 @@ FUZZ = settings(
 )
 
 
+@pytest.mark.download
 @FUZZ
 @given(text=TEXT)
 def test_gpt2_round_trips_any_unicode(gpt2, text):
     assert gpt2.decode(gpt2.encode(text)) == text
 
 
+@pytest.mark.download
 @FUZZ
 @given(text=SMOLLM2_TEXT)
 def test_smollm2_round_trips_any_unicode_it_can_spell(smollm2, text):
@@ -1472,6 +1542,7 @@ def test_smollm2_round_trips_any_unicode_it_can_spell(smollm2, text):
     assert smollm2.decode(smollm2.encode(text)) == text
 
 
+@pytest.mark.download
 @FUZZ
 @given(text=TEXT, where=st.integers(0, 60), surrogate=st.integers(0xD800, 0xDFFF))
 def test_text_with_a_lone_surrogate_is_a_prompt_error(gpt2, text, where, surrogate):

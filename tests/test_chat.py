@@ -33,6 +33,7 @@ def model_case(request):
     return name, tokenizer, FIXTURE["models"][name]
 
 
+@pytest.mark.download
 def test_templates_are_the_ones_the_fixture_was_written_from(model_case):
     name, tok, entry = model_case
     assert tok.chat_template, f"{name}: no chat template read from the GGUF"
@@ -40,6 +41,7 @@ def test_templates_are_the_ones_the_fixture_was_written_from(model_case):
     assert digest == entry["template_sha256"], f"{name}: another template than the fixture's"
 
 
+@pytest.mark.download
 def test_render_equals_apply_chat_template_byte_for_byte(model_case):
     name, tok, entry = model_case
     variables = special_token_variables(tok)
@@ -57,6 +59,7 @@ def test_render_equals_apply_chat_template_byte_for_byte(model_case):
         assert ours == case["text"], f"{name}: {case['messages']!r}"
 
 
+@pytest.mark.download
 def test_qwen2_model_chat_and_ids(qwen2):
     text = qwen2.chat([{"role": "user", "content": "What is 48 plus 76?"}])
     assert text.endswith("<|im_start|>user\nWhat is 48 plus 76?<|im_end|>\n<|im_start|>assistant\n")

@@ -110,7 +110,9 @@ def test_summarize_table_holm_and_recurrence(tmp_path, trained_theory, capsys): 
     assert [r["kind"] for r in rows] == ["localize", "localize", "test-heads"]
     assert [r["p_holm"] for r in rows] == holm([r["heldout"]["p_value"] for r in rows])
     rec = summary["recurrence"]["theory-A"]
-    assert rec["runs"] == 2  # the two searches; the test-heads run's set was given to it
+    # the two searches (fresh theory samples share no cluster); the test-heads run's set was
+    # given to it
+    assert rec["runs"] == 2 and rec["not_independent"] == 0
     expected = {}
     for r in rows[:2]:
         for h in r["primary"].split("+"):
@@ -127,7 +129,8 @@ def test_head_recurrence_keeps_models_apart():
     from cel_numpy.localize.summary import head_recurrence
 
     row = lambda model, primary, finalists: {
-        "model": model, "task": "antonyms", "primary": primary, "finalists": finalists
+        "model": model, "task": "antonyms", "primary": primary, "finalists": finalists,
+        "clusters": [primary],
     }  # fmt: skip
     rows = [
         row("smollm2", "L8H1+L13H2", ["L8H1+L13H2", "L13H2+L14H3"]),
@@ -138,6 +141,7 @@ def test_head_recurrence_keeps_models_apart():
     assert set(rec) == {"smollm2 antonyms", "qwen antonyms"}
     assert rec["smollm2 antonyms"] == {
         "runs": 2,
+        "not_independent": 0,
         "primary": {"L13H2": 2, "L8H1": 1, "L14H3": 1},
         "finalists": {"L13H2": 2, "L14H3": 2, "L8H1": 1},
     }
@@ -151,7 +155,14 @@ def test_head_recurrence_keeps_models_apart():
 def test_summarize_refuses_old_and_unfinished_runs(tmp_path, capsys):
     from pathlib import Path
 
-    old = Path(__file__).parent.parent / "docs" / "results" / "capitals"
+    old = (
+        Path(__file__).parent.parent
+        / "docs"
+        / "results"
+        / "archive"
+        / "round1-old-format"
+        / "capitals"
+    )
     assert main(["summarize", str(old)]) == 2
     assert "old format" in capsys.readouterr().err
     ev = FakeEvaluator(n_layers=2, n_heads=3)

@@ -202,3 +202,53 @@ def test_test_modules_share_helpers_not_each_other():
             )
             offenders += [f"{path.name} imports {n}" for n in names if n.startswith("test_")]
     assert not offenders, "; ".join(offenders)
+
+
+MARKDOWN_LINK = re.compile(r"\]\(([^)\s]*)\)")
+
+
+def broken_markdown_links(paths: list[Path]) -> list[str]:
+    """`file:line: link` for each relative Markdown link whose file, folder or heading is missing.
+
+    A link resolves against the citing file's folder; `#anchor` alone means the citing file.
+    Absolute URLs are not checked (no network).
+    """
+    broken = []
+    for path in (p for p in paths if p.suffix == ".md"):
+        for line_no, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for link in MARKDOWN_LINK.findall(line):
+                if not link or re.match(r"[a-z]+:", link):
+                    continue
+                ref, _, anchor = link.partition("#")
+                target = (path.parent / ref) if ref else path
+                where = f"{path.name}:{line_no}"
+                if not target.exists():
+                    broken.append(f"{where}: {link} (no such file or folder)")
+                elif anchor and target.suffix == ".md" and anchor not in markdown_anchors(target):
+                    broken.append(f"{where}: {link} (no such heading)")
+    return broken
+
+
+def test_markdown_link_check_sees_planted_breakage(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "guide.md").write_text("# Guide\n\n## Speed notes\n")
+    page = tmp_path / "README.md"
+    page.write_text(
+        "[ok](docs/guide.md#speed-notes) [ok](docs/) [ok](#intro) [web](https://x.org/y)\n"
+        "# Intro\n[gone](docs/speed.md) [bad](docs/guide.md#speed) [here](#nowhere)\n"
+    )
+    assert broken_markdown_links([page]) == [
+        "README.md:3: docs/speed.md (no such file or folder)",
+        "README.md:3: docs/guide.md#speed (no such heading)",
+        "README.md:3: #nowhere (no such heading)",
+    ]
+
+
+def test_every_markdown_link_resolves():
+    """README and docs link to files, folders and headings that exist (docs move; links follow).
+
+    Archived run reports are kept exactly as their runs wrote them, so they are not checked.
+    """
+    archive = ROOT / "docs" / "results" / "archive"
+    broken = broken_markdown_links([p for p in tracked_text_files() if archive not in p.parents])
+    assert not broken, "broken Markdown links:\n" + "\n".join(broken)

@@ -24,7 +24,7 @@ from cel_numpy.tasks import TASKS, make_panels
 HERE = Path(__file__).parent
 FIXTURES = [
     HERE / "fixtures" / name
-    for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2")
+    for name in ("tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2", "tiny_gemma3")
 ]
 ATOL = 1e-4
 
@@ -59,17 +59,29 @@ def test_fast_forward_matches_plain(path):
     np.testing.assert_allclose(last, plain[:, -1:, cols], atol=ATOL, rtol=0)
 
 
+def _fill(model, ids, mask, ablation):
+    """None (zero), the batch's mean z (mean), or per row the mean z of row (b + 2) mod B
+    (a fill per row, as resample ablation makes)."""
+    if ablation == "zero":
+        return None
+    if ablation == "mean":
+        return model.mean_z(ids, mask)
+    rows = [list(r[m.astype(bool)]) for r, m in zip(ids, mask)]
+    return model.row_mean_z([rows[(b + 2) % len(rows)] for b in range(len(rows))])
+
+
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
-@pytest.mark.parametrize("ablation", ["zero", "mean"])
+@pytest.mark.parametrize("ablation", ["zero", "mean", "resample"])
 @pytest.mark.parametrize("shared", [0, 4])
 def test_ablated_readout_matches_one_forward_per_condition(path, ablation, shared):
-    """With and without a common prefix (its own segment when shared > 0), in small waves."""
+    """With and without a common prefix (its own segment when shared > 0; never with a fill per
+    row, whose rows each need their own), in small waves."""
     model = cn.load_model(path)
     rng = np.random.default_rng(1)
     ids, mask = _batch(model, rng, shared=shared)
     c = model.config
     conds = _conditions(c.n_layers, c.n_heads)
-    mean_z = model.mean_z(ids, mask) if ablation == "mean" else None
+    mean_z = _fill(model, ids, mask, ablation)
     for share in (True, False):
         got = ablated_readout(
             prepare(model), ids, mask, conds, mean_z, readout=slice(-3, None),
@@ -77,8 +89,8 @@ def test_ablated_readout_matches_one_forward_per_condition(path, ablation, share
         )  # fmt: skip
         for cond, lg in zip(conds, got):
             ref = model.logits(
-                ids, attention_mask=mask, ablate=list(cond) or None, ablation=ablation,
-                mean_z=mean_z,
+                ids, attention_mask=mask, ablate=list(cond) or None,
+                ablation="zero" if mean_z is None else "mean", mean_z=mean_z,
             )  # fmt: skip
             np.testing.assert_allclose(lg, ref[:, -3:], atol=ATOL, rtol=0, err_msg=f"{cond}")
 
@@ -135,15 +147,17 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
 
 
 @pytest.mark.parametrize("unembed_rows", [1, 40, 512])  # 12 rows a condition: 1, 3, 4 per GEMM
-def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows):
-    """Mean ablation in the decode steps; `score` sees each draft row's logits at its real
-    positions, whether the conditions' draft rows are unembedded one condition per GEMM or
-    several (a last group smaller than the others)."""
+@pytest.mark.parametrize("per_row", [False, True])
+def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_row):
+    """Mean ablation in the decode steps, one fill for all rows or one per row (resample: rows
+    that finish early leave the decode cache with their fill); `score` sees each draft row's
+    logits at its real positions, whether the conditions' draft rows are unembedded one
+    condition per GEMM or several (a last group smaller than the others)."""
     model = cn.load_model(FIXTURES[1])
     rng = np.random.default_rng(5)
     V = model.config.vocab_size
     prompts = [list(rng.integers(0, V, size=int(rng.integers(2, 7)))) for _ in range(4)]
-    mean_z = model.mean_z(prompts)
+    mean_z = model.row_mean_z(prompts[::-1]) if per_row else model.mean_z(prompts)
     stop = Stop(ids=(), max_new_tokens=4)
     drafts = [[list(rng.integers(0, V, 2))] for _ in prompts]
     conds = [(), ((0, 1),), ((1, 2),), ((0, 0), (1, 3))]
@@ -178,7 +192,7 @@ def assert_same_results(fast, naive, atol):
 
 
 @pytest.mark.parametrize("scoring", ["generate", "choice"])
-@pytest.mark.parametrize("ablation", ["zero", "mean"])
+@pytest.mark.parametrize("ablation", ["zero", "mean", "resample"])
 def test_evaluator_fast_equals_naive_planted(scoring, ablation):
     model = planted_model(np.random.default_rng(3))
     task = PlantedTask(scoring)
@@ -244,6 +258,41 @@ def test_evaluator_fast_equals_naive_every_task_on_fixtures(path, task_name):
     assert_same_results(fast, naive, atol=1e-3)
 
 
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+@pytest.mark.parametrize("task_name", ["hellaswag", "boolq"])
+def test_evaluator_fast_equals_naive_benchmarks_on_fixtures(path, task_name):
+    """The real data's shortest items (one character per token): HellaSwag's four multi-token
+    endings after one context (the prefix-tree path), BoolQ's " no"/" yes"."""
+    from cel_numpy.tasks import get_task
+
+    model = _fixture_with_text(path)
+    task = get_task(task_name)
+    printable = [it for it in task.items if all(ch == "\n" or " " <= ch <= "~" for ch in it.prompt)]
+    items = sorted(printable, key=lambda it: len(it.prompt) + max(map(len, it.choices)))[:4]
+    L, H = model.config.n_layers, model.config.n_heads
+    conds = [(), ((0, 1),), ((L - 1, H - 1),), ((0, 0), (L - 1, 0))]
+    naive = LMEvaluator(model, task, fast=False, batch_size=4).evaluate_many(items, conds)
+    fast = LMEvaluator(model, task, batch_size=4).evaluate_many(items, conds)
+    assert_same_results(fast, naive, atol=1e-3)
+
+
+@pytest.mark.parametrize("task_name", ["capitals", "ioi", "arithmetic_chat"])
+def test_evaluator_fast_equals_naive_resample_on_fixtures(task_name):
+    """Resample ablation: each item's removed heads take its donor's mean z, in the decode steps
+    and the teacher-forced reference alike; fast (no shared prefix then) equals naive."""
+    model = _fixture_with_text(FIXTURES[1])
+    task = TASKS[task_name]
+    items, _ = make_panels(task, 8, 1, 0)
+    L, H = model.config.n_layers, model.config.n_heads
+    conds = [(), ((0, 1),), ((L - 1, H - 1),), ((0, 0), (L - 1, 0))]
+    kw = dict(ablation="resample", resample_seed=3, batch_size=3)
+    naive = LMEvaluator(model, task, fast=False, **kw).evaluate_many(items, conds)
+    fast = LMEvaluator(model, task, **kw).evaluate_many(items, conds)
+    assert_same_results(fast, naive, atol=1e-3)
+    zero = LMEvaluator(model, task, fast=False, batch_size=3).evaluate_many(items, conds[1:])
+    assert [r.ref_logprob for r in zero[0]] != [r.ref_logprob for r in naive[1]]
+
+
 def test_localization_ranking_fast_equals_naive(tmp_path):
     from cel_numpy.localize.routine import localize
 
@@ -291,6 +340,7 @@ def smollm2():
     return cn.load_model("smollm2")
 
 
+@pytest.mark.download
 def test_smollm2_fast_forward_and_ablations(smollm2):
     m = smollm2
     prompts = [
@@ -311,6 +361,7 @@ def test_smollm2_fast_forward_and_ablations(smollm2):
         assert np.array_equal(lg[:, 0].argmax(-1), ref.argmax(-1))
 
 
+@pytest.mark.download
 def test_smollm2_other_tokenizations_of_the_answer(smollm2):
     """Drafts spelling " Paris" in other tokens, or going on past it, give greedy's own tokens."""
     m = smollm2
@@ -331,7 +382,10 @@ def test_smollm2_other_tokenizations_of_the_answer(smollm2):
     assert [m.decode(ids) for ids in got[0]] == [" Rome\n", " Paris\n"]
 
 
-@pytest.mark.parametrize("task_name", ["arithmetic", "arithmetic_chat", "capitals", "ioi"])
+@pytest.mark.download
+@pytest.mark.parametrize(
+    "task_name", ["arithmetic", "arithmetic_chat", "capitals", "ioi", "hellaswag", "boolq"]
+)
 def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     from cel_numpy.tasks import get_task
 
@@ -340,6 +394,19 @@ def test_smollm2_evaluator_fast_equals_naive(smollm2, task_name):
     conds = [(), ((0, 3),), ((2, 1), (25, 0))]
     fast = LMEvaluator(smollm2, task, batch_size=4).evaluate_many(items, conds)
     naive = LMEvaluator(smollm2, task, batch_size=4, fast=False).evaluate_many(items, conds)
+    assert_same_results(fast, naive, atol=2e-2)
+
+
+def test_smollm2_resample_ablation_fast_equals_naive(smollm2):
+    """Resample ablation on the real model: donors' mean z in the prompt, answer and decode."""
+    from cel_numpy.tasks import get_task
+
+    task = get_task("capitals")
+    items, _ = make_panels(task, 4, 1, 0)
+    conds = [(), ((2, 1), (25, 0))]
+    kw = dict(ablation="resample", resample_seed=1, batch_size=4)
+    fast = LMEvaluator(smollm2, task, **kw).evaluate_many(items, conds)
+    naive = LMEvaluator(smollm2, task, fast=False, **kw).evaluate_many(items, conds)
     assert_same_results(fast, naive, atol=2e-2)
 
 

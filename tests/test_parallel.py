@@ -80,6 +80,7 @@ def test_dask_local_cluster_records_identical(tmp_path, theory):
     _same_records(tmp_path / "seq", tmp_path / "dask")
 
 
+@pytest.mark.download
 def test_lm_evaluator_pickles_as_its_spec():
     from cel_numpy.models.loaders import load_model
     from cel_numpy.tasks import get_task

@@ -20,11 +20,14 @@ import unicodedata
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cel_numpy.models.fetch import KNOWN
 from cel_numpy.models.gguf_loader import gguf_storage
+
+pytestmark = pytest.mark.download  # every test here needs the fetched model
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN_SHA256 = KNOWN["qwen2.5-coder-0.5b"].sha256

@@ -4,10 +4,13 @@ README's test command."""
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
+@pytest.mark.download
 def test_readme_python_example_runs(capsys):
     blocks = [
         b

@@ -26,7 +26,7 @@ from cel_numpy.localize.routine import localize, null_percentile
 from cel_numpy.tasks.base import Item
 from tests.test_localize import FakeEvaluator, FakeTask, run_fake
 
-RESULTS = Path(__file__).parent.parent / "docs" / "results"
+RESULTS = Path(__file__).parent.parent / "docs" / "results" / "archive" / "round1-old-format"
 
 
 def S(heads, correct, rescued, damaged, lp=None):
@@ -74,6 +74,11 @@ def test_missing_log_probabilities_fall_back_to_coordinates():
 
 def _committed_runs():
     return sorted(p.parent for p in RESULTS.glob("*/report.json"))
+
+
+def test_the_committed_old_format_runs_are_found():
+    """An empty parameter list would make the test below skip silently, e.g. after a move."""
+    assert len(_committed_runs()) >= 4, f"no old-format run reports under {RESULTS}"
 
 
 @pytest.mark.parametrize("run", _committed_runs(), ids=lambda p: p.name)

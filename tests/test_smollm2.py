@@ -18,6 +18,8 @@ import pytest
 import cel_numpy as cn
 from cel_numpy.models.transformer import transformer_forward
 
+pytestmark = pytest.mark.download  # every test here needs the fetched model
+
 FACTS = {
     "The capital of France is": " Paris",
     "The capital of Germany is": " Berlin",

@@ -103,6 +103,7 @@ def test_special_tokens_split_first_and_decode_verbatim():
 # ----------------------------------------------------------------------------- GPT-2
 
 
+@pytest.mark.download
 def test_gpt2_hello_world(gpt2):
     assert gpt2.encode("Hello world") == [15496, 995]
     assert gpt2.vocab_size == 50257
@@ -111,6 +112,7 @@ def test_gpt2_hello_world(gpt2):
     assert gpt2.missing_bytes == ()
 
 
+@pytest.mark.download
 def test_gpt2_matches_hf_reference_fixture(gpt2_files):
     fixture = json.loads((FIXTURES / "gpt2_tokenizer_reference.json").read_text(encoding="utf-8"))
     pins = {m.filename: m.sha256 for m in KNOWN["gpt2-tokenizer"].members}
@@ -122,11 +124,13 @@ def test_gpt2_matches_hf_reference_fixture(gpt2_files):
         assert plain.decode(case["ids"]) == case["text"]
 
 
+@pytest.mark.download
 def test_gpt2_endoftext_is_one_token(gpt2):
     assert gpt2.encode("a<|endoftext|>b") == [64, 50256, 65]
     assert gpt2.encode("x", add_bos=True) == [50256, 87]
 
 
+@pytest.mark.download
 def test_gpt2_via_vocab_merges_and_tokenizer_json(gpt2_files, tmp_path):
     """The same files through the HF-folder loaders, merges as "a b" strings and as pairs."""
     cases = _cases("gpt2_tokenizer_reference.json")
@@ -164,6 +168,7 @@ def test_gpt2_via_vocab_merges_and_tokenizer_json(gpt2_files, tmp_path):
 # ----------------------------------------------------------------------------- SmolLM2
 
 
+@pytest.mark.download
 def test_smollm2_gguf_fields(smollm2, smollm2_reader):
     assert smollm2.vocab_size == 49152
     assert gguf_field(smollm2_reader, "tokenizer.ggml.add_bos_token") is False
@@ -174,6 +179,7 @@ def test_smollm2_gguf_fields(smollm2, smollm2_reader):
     assert smollm2.missing_bytes == SMOLLM2_MISSING_BYTES
 
 
+@pytest.mark.download
 def test_smollm2_capital_of_france(smollm2):
     ids = smollm2.encode("The capital of France is")
     assert [smollm2.id_to_token(i) for i in ids] == ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
@@ -182,17 +188,20 @@ def test_smollm2_capital_of_france(smollm2):
     assert smollm2.encode("The capital of France is", add_bos=True) == [1, *ids]
 
 
+@pytest.mark.download
 def test_smollm2_digits_are_single_tokens(smollm2):
     pieces = [smollm2.id_to_token(i) for i in smollm2.encode("48 plus 76 = 12345")]
     assert pieces == ["4", "8", "Ġplus", "Ġ", "7", "6", "Ġ=", "Ġ", "1", "2", "3", "4", "5"]
 
 
+@pytest.mark.download
 def test_smollm2_chat_special_tokens(smollm2):
     ids = smollm2.encode("<|im_start|>user\nHi<|im_end|>\n")
     assert ids[0] == 1 and ids.count(1) == 1 and ids.count(2) == 1
     assert smollm2.decode(ids) == "<|im_start|>user\nHi<|im_end|>\n"
 
 
+@pytest.mark.download
 def test_smollm2_matches_hf_reference_fixture(smollm2):
     fixture = json.loads(
         (FIXTURES / "smollm2_tokenizer_reference.json").read_text(encoding="utf-8")
@@ -205,12 +214,14 @@ def test_smollm2_matches_hf_reference_fixture(smollm2):
         )
 
 
+@pytest.mark.download
 def test_smollm2_missing_bytes_are_dropped_like_hf(smollm2):
     assert smollm2.encode("\x04") == []
     assert smollm2.encode("!\x04!") == smollm2.encode("!!"), "dropped before merging, as in HF"
     assert smollm2.decode(smollm2.encode("a\x04b")) == "ab"
 
 
+@pytest.mark.download
 def test_smollm2_via_tokenizer_json(smollm2_reader, tmp_path):
     """The SmolLM2 vocabulary written as a HF tokenizer.json (+ tokenizer_config.json)."""
     tokens = gguf_field(smollm2_reader, "tokenizer.ggml.tokens")
@@ -241,6 +252,7 @@ def test_smollm2_via_tokenizer_json(smollm2_reader, tmp_path):
     assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.add_bos) == (1, 2, 2, False)
 
 
+@pytest.mark.download
 def test_template_post_processor_turns_add_bos_on(smollm2_reader, tmp_path):
     tokens = gguf_field(smollm2_reader, "tokenizer.ggml.tokens")
     merges = gguf_field(smollm2_reader, "tokenizer.ggml.merges")
@@ -299,6 +311,7 @@ def _round_trip_alphabet(rng: np.random.Generator) -> list[str]:
     ]
 
 
+@pytest.mark.download
 def test_round_trip_random_unicode_gpt2(gpt2):
     rng = np.random.default_rng(0)
     alphabet = _round_trip_alphabet(rng)
@@ -307,6 +320,7 @@ def test_round_trip_random_unicode_gpt2(gpt2):
         assert gpt2.decode(gpt2.encode(text)) == text, f"round trip failed for {text!r}"
 
 
+@pytest.mark.download
 def test_round_trip_random_unicode_smollm2(smollm2):
     """Exact for text whose bytes all have tokens (see test_smollm2_missing_bytes_*)."""
     rng = np.random.default_rng(1)
@@ -350,6 +364,7 @@ def test_unsupported_model_type_is_a_clear_error(tmp_path):
         ("normalizer", {"type": "Lowercase"}, "unsupported normalizer type 'Lowercase'"),
     ],
 )
+@pytest.mark.download
 def test_unsupported_pipeline_parts_are_clear_errors(gpt2_files, tmp_path, section, spec, message):
     vocab = json.loads(gpt2_files[0].read_text(encoding="utf-8"))
     path = _write_tokenizer_json(tmp_path, vocab, [], [], {"type": "ByteLevel"})

@@ -16,7 +16,21 @@ ROOT = Path(__file__).resolve().parent.parent
 TUTORIALS = sorted((ROOT / "tutorials").glob("*.py"))
 
 
-@pytest.mark.parametrize("path", TUTORIALS, ids=[p.name for p in TUTORIALS])
+def needs_download(path: Path) -> bool:
+    """A tutorial that loads a model by a fetched name (e.g. `cn.load_model("smollm2")`)."""
+    from cel_numpy.models.fetch import KNOWN
+
+    text = path.read_text()
+    return any(f'load_model("{name}"' in text for name in KNOWN)
+
+
+CASES = [
+    pytest.param(p, id=p.name, marks=[pytest.mark.download] if needs_download(p) else [])
+    for p in TUTORIALS
+]
+
+
+@pytest.mark.parametrize("path", CASES)
 def test_tutorial_runs(path, tmp_path):
     env = dict(os.environ, CEL_NUMPY_FAST="1", MPLBACKEND="Agg")
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+import cel_numpy as cn
 from cel_numpy.localize import (
+    LMEvaluator,
     Scored,
     TheoryEvaluator,
     TheoryTask,
@@ -38,7 +40,9 @@ from cel_numpy.localize import (
     paired_summary,
     rank_joint,
     rank_singletons,
+    test_heads,
 )
+from cel_numpy.tasks import EXAMPLES, get_task
 from cel_numpy.theory import TrainConfig, loadings, sample_batch, train
 from cel_numpy.theory.data import TASK_A
 
@@ -180,3 +184,42 @@ assert [0, c_head] in primary["heads"]
 assert primary["heldout"]["gain"] > 0 and primary["heldout"]["p_value"] < 0.01
 assert primary["crosstask"]["theory-B"]["gain"] < 0
 assert primary["name"] == condition_name(finalists[0].heads)  # the CLI found what we found by hand
+
+# %% [markdown]
+# ## Your own task, from a JSONL file
+#
+# Any task can come from a file: one JSON object per line, a *choice* item
+# (`"prompt"`, `"choices"`, `"answer"`: the index of the correct choice) or a *generate* item
+# (`"prompt"`, `"answer"`: text), each with an `"id"` and optionally a `"cluster"` (items of one
+# cluster stay in one panel). An optional first line holds the task's options (docs/tasks.md).
+# The package ships a worked example: 24 "opposite of" questions, two phrasings per word pair,
+# one cluster per pair. The same file works on the command line:
+# `cel-numpy localize --model smollm2 --task path/to/opposites.jsonl ...`.
+# HellaSwag and BoolQ are such files too, made from the real validation splits by
+# `cel-numpy fetch hellaswag` / `boolq` (`--task hellaswag`).
+
+# %%
+path = EXAMPLES / "opposites.jsonl"
+print("\n".join(path.read_text().splitlines()[:3]))
+opposites = get_task(str(path))
+n_clusters = len({it.cluster for it in opposites.items})
+print(opposites.name, opposites.scoring, len(opposites.items), "items,", n_clusters, "clusters")
+
+smollm2 = cn.load_model("smollm2")
+(intact,) = LMEvaluator(smollm2, opposites).evaluate_many(opposites.items, [()])
+print("SmolLM2 intact:", sum(r.correct for r in intact), "/", len(intact), "correct")
+
+# the held-out test of one head set on this file (the Python API takes the file's path)
+file_out = Path("runs/tutorial05-opposites")
+shutil.rmtree(file_out, ignore_errors=True)
+tested = test_heads(file_out, lambda task, ref: LMEvaluator(smollm2, task), path, "L3H1",
+                    n_discovery=8, n_heldout=12, seed=0, progress=False)  # fmt: skip
+held = tested["heldout"]["heldout"]["finalists"][0]
+print({k: held[k] for k in ("name", "correct", "rescued", "damaged")})
+manifest = json.loads((file_out / "manifest.json").read_text())
+print("the run records the file:", manifest["task"]["file_sha256"][:16], "...")
+
+# %%
+assert opposites.scoring == "choice" and len(opposites.items) == 24 and n_clusters == 12
+assert len(intact) == 24 and held["name"] == "L3H1" and 0 <= held["correct"] <= 12
+assert manifest["task"]["file_sha256"] == opposites.sha256

@@ -30,7 +30,7 @@ from cel_numpy.localize.ranking import (
     rank_singletons,
     singleton_key,
 )
-from cel_numpy.localize.routine import STAGES, Localizer, build_panels, localize
+from cel_numpy.localize.routine import STAGES, Localizer, build_panels, localize, test_heads
 from cel_numpy.localize.stats import (
     mcnemar_exact,
     newcombe_paired_interval,
@@ -48,6 +48,7 @@ __all__ = [
     "TheoryTask",
     "condition_name",
     "evaluate_naive",
+    "test_heads",
     "normalize_condition",
     "Scored",
     "joint_enumeration",

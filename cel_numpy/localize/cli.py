@@ -14,7 +14,7 @@ from cel_numpy.localize.evaluate import BATCH_SIZE
 from cel_numpy.localize.ranking import TIE_BREAKS, check_null_set_count, check_null_sets
 from cel_numpy.localize.routine import SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
-from cel_numpy.tasks import TASKS
+from cel_numpy.tasks import CODE_TASKS, TASKS
 
 MAX_SAMPLED_PANEL = (
     100_000  # items per panel of a sampled (theory) task: beyond this, memory, not insight
@@ -60,7 +60,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--task",
         required=True,
-        help=f"a task name ({', '.join(TASKS)}); A or B for theory",
+        help=f"a task name ({', '.join([*TASKS, *CODE_TASKS])}, hellaswag, boolq), a .jsonl "
+        "task file (docs/tasks.md); A or B for theory",
     )
     p.add_argument(
         "--discovery", type=int, default=100, metavar="N", help="discovery panel size (default 100)"
@@ -161,10 +162,53 @@ def register(subparsers) -> None:
         metavar="S",
         help="seed of the null sets (default: the panel --seed); recorded in the manifest",
     )
+    add_fold_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument(
+        "--allow-code-execution",
+        action="store_true",
+        help="consent to running model-written code in the sandbox (needed by mbpp; also "
+        "CEL_NUMPY_ALLOW_CODE_EXECUTION=1)",
+    )
     p.set_defaults(func=run)
     register_test_heads(subparsers)
     register_summarize(subparsers)
+
+
+def add_fold_arguments(p) -> None:
+    """--fold k --folds K: panels from one of K cluster-disjoint folds (independent
+    replications)."""
+    p.add_argument(
+        "--folds",
+        type=int,
+        default=None,
+        metavar="K",
+        help="split the task's clusters into K disjoint folds (a split fixed per task and K) and "
+        "draw both panels from one of them, so runs on different folds share no cluster "
+        "(independent replications; docs/design.md#panels)",
+    )
+    p.add_argument(
+        "--fold", type=int, default=None, metavar="k", help="with --folds K: the fold, 0..K-1"
+    )
+
+
+def resample_seed(args) -> int:
+    """The donors' seed of resample ablation: --resample-seed (test-heads), else the panel seed."""
+    seed = getattr(args, "resample_seed", None)
+    return args.seed if seed is None else seed
+
+
+def fold_option(args) -> tuple[int, int] | None:
+    """(k, K) from --fold/--folds, None without them; OptionError when only one is given."""
+    if args.fold is None and args.folds is None:
+        return None
+    if args.fold is None or args.folds is None:
+        raise OptionError("--fold k and --folds K go together (e.g. --fold 0 --folds 3)")
+    if args.folds < 2 or not 0 <= args.fold < args.folds:
+        raise OptionError(
+            f"--fold {args.fold} --folds {args.folds}: want --folds K >= 2 and 0 <= --fold < K"
+        )
+    return args.fold, args.folds
 
 
 def file_identity(path: Path) -> dict:
@@ -249,8 +293,9 @@ def theory_setup(args, which: str, cross_names: list[str]):
 
     def make_evaluator(t, reference_items):
         return TheoryEvaluator(
-            params, t, ablation=args.ablation, reference_items=reference_items, label=label
-        )
+            params, t, ablation=args.ablation, reference_items=reference_items, label=label,
+            resample_seed=resample_seed(args),
+        )  # fmt: skip
 
     return task, cross, make_evaluator
 
@@ -309,6 +354,11 @@ def check_panel_sizes(task, cross, n_discovery: int, n_heldout: int) -> None:
                 raise OptionError(
                     f"task {t.name!r} can produce at most {limit} distinct items; {what} = {n}: "
                     "ask for fewer"
+                )
+        elif isinstance(getattr(t, "items", None), list):  # a task file: its items
+            if n > len(t.items):
+                raise OptionError(
+                    f"task {t.name!r} has {len(t.items)} items; {what} = {n}: ask for fewer"
                 )
         elif max(n_discovery, n_heldout) > MAX_SAMPLED_PANEL:
             raise OptionError(
@@ -392,7 +442,9 @@ def lm_setup(args, task, cross):
             f"--model {args.model}: the model has no tokenizer files (tokenizer.json, or "
             "vocab.json + merges.txt): localization needs text prompts"
         )
-    discovery, heldout = build_panels(task, args.discovery, args.heldout, args.seed)
+    discovery, heldout = build_panels(
+        task, args.discovery, args.heldout, args.seed, fold_option(args)
+    )
     panels = {"discovery": discovery, "heldout": heldout}
     panels.update(
         {
@@ -423,6 +475,7 @@ def lm_setup(args, task, cross):
                 batch_size=args.batch_size,
                 spec=args.model,
                 file_identity=ident,
+                resample_seed=resample_seed(args),
             )
         return cache[t.name]
 
@@ -463,6 +516,11 @@ def check_options(args) -> None:
         raise OptionError(
             f"--candidates must be >= 10 (the number of nominees), got {args.candidates}"
         )
+    if fold_option(args) is not None and is_theory(args.model):
+        raise OptionError(
+            "--fold: the theory tasks draw fresh samples (no finite cluster space to split into "
+            "folds); run theory without --fold"
+        )
     if is_theory(args.model) and max(args.discovery, args.heldout) > MAX_SAMPLED_PANEL:
         raise OptionError(
             f"--discovery and --heldout are limited to {MAX_SAMPLED_PANEL} items "
@@ -488,6 +546,23 @@ def make_worker_pool(n_workers: int, quiet: bool = False):
     return WorkerPool(n_workers)
 
 
+def check_code_consent(args, tasks) -> None:
+    """Tasks that run model-written code need the user's consent, asked before any work; the
+    run then says once if the sandbox lacks OS isolation here."""
+    from cel_numpy.sandbox import grant_consent, isolation_notice, require_consent
+
+    runs_code = [t.name for t in tasks if getattr(t, "executes_code", False)]
+    if not runs_code:
+        return
+    if getattr(args, "allow_code_execution", False):
+        grant_consent()  # also for worker processes
+    first = runs_code[0]
+    require_consent(f"--task {first}" if first == tasks[0].name else f"--cross-tasks {first}")
+    notice = isolation_notice()
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
+
+
 def _prepare(args):
     """Check everything that needs no model, then (task, cross tasks, make_evaluator, executor)."""
     from cel_numpy.outdir import prepare_out
@@ -498,7 +573,19 @@ def _prepare(args):
         which, cross_names = theory_task_names(args)  # before any work: a wrong name costs nothing
     else:
         task, cross = lm_tasks(args)
+        check_code_consent(args, [task, *cross])
         check_panel_sizes(task, cross, args.discovery, args.heldout)
+        if fold_option(args) is not None or args.ablation == "resample":
+            from cel_numpy.localize.resample import resample_donors
+            from cel_numpy.localize.routine import build_panels
+
+            # a fold holds about 1/K of the clusters, and resample donors need other clusters:
+            # both are settled by the panels, which cost milliseconds, so try them now
+            _, heldout = build_panels(
+                task, args.discovery, args.heldout, args.seed, fold_option(args)
+            )
+            if args.ablation == "resample":
+                resample_donors([it.cluster for it in heldout], resample_seed(args))
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
     if theory:
         task, cross, make_evaluator = theory_setup(args, which, cross_names)
@@ -554,6 +641,7 @@ def run(args) -> int:
         tie_break=args.tie_break,
         null_sets=args.null_sets,
         null_seed=args.null_seed,
+        fold=fold_option(args),
     )
     results = _run_with(loc, executor, args.stage, args.out)
     if "report" in results:
@@ -600,7 +688,11 @@ def register_test_heads(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model", required=True, help="as for localize (smollm2, theory, a file...)")
-    p.add_argument("--task", required=True, help="a task name; A or B for --model theory")
+    p.add_argument(
+        "--task",
+        required=True,
+        help="a task name, a .jsonl task file (docs/tasks.md); A or B for --model theory",
+    )
     p.add_argument(
         "--heads", required=True, metavar="L3H1+L5H0", help="the heads to remove together"
     )
@@ -623,14 +715,35 @@ def register_test_heads(subparsers) -> None:
     )
     p.add_argument("--null-sets", type=int, default=0, metavar="N", help="random sets (0)")
     p.add_argument("--null-seed", type=int, default=None, metavar="S", help="default: --seed")
-    p.add_argument("--ablation", choices=("zero", "mean"), default="zero")
+    p.add_argument(
+        "--ablation",
+        choices=("zero", "mean", "resample"),
+        default="zero",
+        help="what a removed head's z becomes: zero (default); mean: its mean over the discovery "
+        "prompts; resample: per held-out item, the mean z of a donor item of the same panel from "
+        "another cluster (a derangement seeded by --resample-seed; docs/design.md#ablations)",
+    )
+    p.add_argument(
+        "--resample-seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="with --ablation resample: the seed of the donors (default: --seed)",
+    )
     p.add_argument(
         "--batch-size", type=int, default=BATCH_SIZE, help=f"prompts per forward ({BATCH_SIZE})"
     )
     p.add_argument("--workers", type=int, default=1, metavar="N", help="processes (default 1)")
     p.add_argument("--tau", type=float, default=1.0, help="theory only (default 1.0)")
     p.add_argument("--theory-seed", type=int, default=0, help="theory only (default 0)")
+    add_fold_arguments(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument(
+        "--allow-code-execution",
+        action="store_true",
+        help="consent to running model-written code in the sandbox (needed by mbpp; also "
+        "CEL_NUMPY_ALLOW_CODE_EXECUTION=1)",
+    )
     p.set_defaults(
         func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None
     )
@@ -665,6 +778,7 @@ def run_test_heads(args) -> int:
         command="cel-numpy " + " ".join(sys.argv[1:]),
         null_sets=args.null_sets,
         null_seed=args.null_seed,
+        fold=fold_option(args),
     )
     results = _run_with(loc, executor, stage, args.out)
     if "report" not in results:

@@ -41,6 +41,7 @@ from cel_numpy.localize.conditions import (
     condition_name,
     normalize_condition,
 )
+from cel_numpy.localize.resample import resample_donors, rows_of
 from cel_numpy.localize.scoring import (
     choice_results,
     continuation_logprob,
@@ -86,15 +87,31 @@ def evaluate_naive(
 # Prompts per forward: what LMEvaluator and the localize/test-heads commands use unless told.
 BATCH_SIZE = 16
 
+# What a removed head becomes: 0, its mean over the discovery prompts, or another item's mean
+# over that item's prompt (`cel_numpy.localize.resample`).
+ABLATIONS = ("zero", "mean", "resample")
+
+
+def _check_ablation(ablation: str, reference_items) -> None:
+    if ablation not in ABLATIONS:
+        raise ValueError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
+    if ablation == "mean" and not reference_items:
+        raise ValueError(
+            "mean ablation needs reference_items (the prompts whose mean z replaces a head)"
+        )
+
 
 class LMEvaluator:
     """A `cel_numpy.models` model on a `cel_numpy.tasks` task (naive: one pass per condition).
 
     model           a loaded `Model` (`cel_numpy.models.loaders.load_model(spec)`)
     task            its `scoring` says how to get an answer; `is_correct` scores it
-    ablation        "zero" (the head's z set to 0) or "mean" (z replaced by its mean over every
-                    position of `reference_items`' prompts, intact model: `Model.mean_z`)
+    ablation        "zero" (the head's z set to 0), "mean" (z replaced by its mean over every
+                    position of `reference_items`' prompts, intact model: `Model.mean_z`) or
+                    "resample" (item i's z replaced by the mean z of a donor item of the panel
+                    being evaluated, from another cluster: `cel_numpy.localize.resample`)
     reference_items required for mean ablation (the routine passes the discovery panel)
+    resample_seed   the seed of the resample donors (the CLI passes the panel seed)
     batch_size      prompts per forward; results do not depend on it (left padding + mask)
     spec, file_identity  recorded in `identity()` (the CLI passes the file's sha256 and size)
     fast            True (default): `evaluate_many` shares work across conditions
@@ -105,7 +122,7 @@ class LMEvaluator:
     along draft answers in one forward), intact_drafts (the intact model's answer as a second
     draft: rows that keep the intact answer under a condition are settled in the forward, their
     layers below the ablated head taken from the intact pass, instead of decoded through every
-    layer; 0.94-1.10x on a capitals screen, `bench/bench_screen.py`; used by calls with at least
+    layer; `bench/bench_screen.py` measures its effect on a screen; used by calls with at least
     `fast.INTACT_DRAFTS_MIN_CONDITIONS` ablated conditions, or once the intact answers are
     known: a 2-condition call would pay their extra pass for nothing), intact_cache (a batch's
     intact pass kept across calls, up to intact_cache_bytes).
@@ -127,13 +144,10 @@ class LMEvaluator:
         intact_drafts: bool = True,
         intact_cache: bool = True,
         intact_cache_bytes: int = 1 << 30,
+        resample_seed: int = 0,
     ):
-        if ablation not in ("zero", "mean"):
-            raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
-        if ablation == "mean" and not reference_items:
-            raise ValueError(
-                "mean ablation needs reference_items (the prompts whose mean z replaces a head)"
-            )
+        _check_ablation(ablation, reference_items)
+        self.resample_seed = int(resample_seed)
         self.model = model
         self.task = task
         self.ablation = ablation
@@ -168,6 +182,7 @@ class LMEvaluator:
                 switches=(self.share_prefix, self.forced, self.intact_drafts, self.intact_cache),
                 mean_z=self.mean_z,
                 reference_ids=self.reference_ids,
+                resample_seed=self.resample_seed,
             )
             return (_lm_evaluator_from_spec, (state,))
         return object.__reduce__(self)
@@ -188,7 +203,23 @@ class LMEvaluator:
             ident["mean_reference_sha256"] = hashlib.sha256(
                 "\n".join(self.reference_ids).encode()
             ).hexdigest()
+        if self.ablation == "resample":
+            ident["resample_seed"] = self.resample_seed
         return ident
+
+    def fill_for(self, items: Sequence[Item]) -> np.ndarray | None:
+        """What a removed head becomes on these items: None (zero), the mean z (L, H, E)
+        (mean), or per item its donor's mean z over the donor's prompt (L, N, H, E)
+        (resample; donors drawn within `items`, kept per panel)."""
+        if self.ablation != "resample":
+            return self.mean_z
+        key = tuple(it.id for it in items)
+        memo = self.__dict__.setdefault("_resample_fills", {})
+        if key not in memo:
+            donors = resample_donors([it.cluster for it in items], self.resample_seed)
+            prompts = [self.prompt_ids(items[d].prompt) for d in donors]
+            memo[key] = self.model.row_mean_z(prompts, batch_size=self.batch_size)
+        return memo[key]
 
     # ------------------------------------------------------------------ helpers
 
@@ -197,9 +228,12 @@ class LMEvaluator:
 
     def model_text(self, prompt: str, task=None) -> str:
         """The text the model reads for a prompt: a chat task's prompt (`Task.chat`) is one user
-        message, written in the model's chat template with the generation prompt."""
-        if getattr(task or self.task, "chat", False):
-            return self.model.chat([{"role": "user", "content": prompt}])
+        message, written in the model's chat template with the generation prompt, then the
+        task's `prefill` (the assistant's first words, e.g. MBPP's "[BEGIN]\\n"), if any."""
+        task = task or self.task
+        if getattr(task, "chat", False):
+            text = self.model.chat([{"role": "user", "content": prompt}])
+            return text + getattr(task, "prefill", "")
         return prompt
 
     def prompts_sha256(self, task, items: Sequence[Item]) -> str:
@@ -218,8 +252,12 @@ class LMEvaluator:
             return self.model.encode_chat_text(self.model_text(prompt))
         return self._encode(prompt)
 
-    def _ablate_kwargs(self, cond: Condition) -> dict:
-        return {"ablate": list(cond), "ablation": self.ablation, "mean_z": self.mean_z}
+    @staticmethod
+    def _ablate_kwargs(cond: Condition, fill: np.ndarray | None) -> dict:
+        """Model keyword arguments: the heads, and what they become (a fill per row is a mean
+        per row: resample ablation)."""
+        kind = "zero" if fill is None else "mean"
+        return {"ablate": list(cond), "ablation": kind, "mean_z": fill}
 
     def evaluate_many(self, items, conditions):
         if self.fast:
@@ -240,16 +278,17 @@ class LMEvaluator:
     def _generate(self, items, cond):
         tok = self.model.tokenizer
         rule = stop_rule(self.task, tok)
+        fill = self.fill_for(items)
         out = []
         for start in range(0, len(items), self.batch_size):
             chunk = items[start : start + self.batch_size]
+            kwargs = self._ablate_kwargs(cond, rows_of(fill, slice(start, start + len(chunk))))
             refs = [reference_ids(self, it) for it in chunk]  # (prompt ids, answer ids)
             new_ids = self.model.generate_ids(
-                [p for p, _ in refs], rule.max_new_tokens, stop_at_eos=False,
-                **self._ablate_kwargs(cond),
-            )  # fmt: skip
+                [p for p, _ in refs], rule.max_new_tokens, stop_at_eos=False, **kwargs
+            )
             ids, mask = self.model.pad([p + a for p, a in refs])  # teacher-forced reference
-            logits = self.model.logits(ids, attention_mask=mask, **self._ablate_kwargs(cond))
+            logits = self.model.logits(ids, attention_mask=mask, **kwargs)
             for k, (it, new, (_, answer)) in enumerate(zip(chunk, new_ids, refs)):
                 text = rule.text_of(tok, rule.cut_ids(new))
                 logprob = continuation_logprob(logits[k], answer)
@@ -285,10 +324,12 @@ class LMEvaluator:
                 ids, start = self.continuation_ids(it.prompt, ch)
                 rows.append((i, j, ids, start))
         scores = np.full((len(items), max(len(it.choices) for it in items)), -np.inf)
+        fill = self.fill_for(items)
         for b in range(0, len(rows), self.batch_size):
             chunk = rows[b : b + self.batch_size]
             ids, mask = self.model.pad([r[2] for r in chunk])
-            logits = self.model.logits(ids, attention_mask=mask, **self._ablate_kwargs(cond))
+            kwargs = self._ablate_kwargs(cond, rows_of(fill, [r[0] for r in chunk]))
+            logits = self.model.logits(ids, attention_mask=mask, **kwargs)
             for k, (i, j, seq, start) in enumerate(chunk):
                 scores[i, j] = continuation_logprob(logits[k], seq[start:])  # rows end at column -1
         return choice_results(self.task, items, scores)
@@ -312,6 +353,7 @@ def _lm_evaluator_from_spec(state: dict) -> LMEvaluator:
         fast=state["fast"],
     )
     ev.share_prefix, ev.forced, ev.intact_drafts, ev.intact_cache = state["switches"]
+    ev.resample_seed = state["resample_seed"]
     ev.ablation, ev.mean_z, ev.reference_ids = (
         state["ablation"],
         state["mean_z"],
@@ -389,7 +431,8 @@ class TheoryEvaluator:
     """The theory model (one layer, H heads) under head ablations, scored by a `TheoryTask`.
 
     Heads are addressed as (0, h). ablation "zero" sets head h's output o_h to 0 (the model's own
-    head_mask); "mean" replaces it by its mean over `reference_items`.
+    head_mask); "mean" replaces it by its mean over `reference_items`; "resample" by its output
+    on a donor sample of the evaluated items (`cel_numpy.localize.resample`, `resample_seed`).
     """
 
     n_layers = 1
@@ -402,11 +445,10 @@ class TheoryEvaluator:
         ablation: str = "zero",
         reference_items=None,
         label: str = "theory",
+        resample_seed: int = 0,
     ):
-        if ablation not in ("zero", "mean"):
-            raise ValueError(f"ablation must be 'zero' or 'mean', got {ablation!r}")
-        if ablation == "mean" and not reference_items:
-            raise ValueError("mean ablation needs reference_items")
+        _check_ablation(ablation, reference_items)
+        self.resample_seed = int(resample_seed)
         self.params = {k: np.array(v, dtype=np.float64) for k, v in params.items()}
         self.task = task
         self.ablation = ablation
@@ -437,6 +479,7 @@ class TheoryEvaluator:
             "dtype": "float64",
             "ablation": self.ablation,
             "tau": self.task.tau,
+            **({"resample_seed": self.resample_seed} if self.ablation == "resample" else {}),
         }
 
     def _batch(self, items: Sequence[Item]):
@@ -459,7 +502,10 @@ class TheoryEvaluator:
             return y_hat
         _, cache = theory_forward(self.params, self._batch(items))
         o = cache.head_outputs  # (B, H)
-        return (o * keep + self.fill * (1.0 - keep)).sum(axis=1)  # (B, H) -> (B,)
+        fill = self.fill  # (H,)
+        if self.ablation == "resample":
+            fill = o[resample_donors([it.cluster for it in items], self.resample_seed)]  # (B, H)
+        return (o * keep + fill * (1.0 - keep)).sum(axis=1)  # (B, H) -> (B,)
 
     def evaluate_condition(self, items: Sequence[Item], cond: Condition) -> list[ExampleResult]:
         y_hat = self.predict(items, cond)

@@ -15,9 +15,11 @@ rounding -- at a fraction of the cost, through `cel_numpy.models.fast`:
             output follows it to a stop; the other rows decode on from where they leave it
             (`generate_conditions`). The reference draft's logits give `ref_logprob`.
   choice    when every candidate is one token appended to the prompt's own encoding (IOI names,
-            " is"/" are"), each item runs once -- not once per candidate -- with full logits at
-            its last position only. Otherwise the prompt+candidate rows run as in the reference,
-            logits only at the scored positions.
+            " is"/" are", BoolQ's " no"/" yes"), each item runs once -- not once per candidate --
+            with full logits at its last position only. Otherwise (HellaSwag's endings) items are
+            sorted by context length and batched, and each batch runs as one prefix tree: the
+            contexts' common prefix -> each context -> each candidate, so a context runs once
+            for all its candidates, with logits only at the candidates' positions.
 Log-probabilities come from the shared scorer (`cel_numpy.localize.scoring`).
 """
 
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cel_numpy.localize.conditions import Condition, ExampleResult, check_heads, normalize_condition
+from cel_numpy.localize.resample import rows_of
 from cel_numpy.localize.scoring import (
     choice_results,
     continuation_logprob,
@@ -41,6 +44,7 @@ from cel_numpy.models.fast import (
     ablated_readout,
     generate_conditions,
     prepare,
+    score_continuations,
 )
 from cel_numpy.tasks.base import Item
 
@@ -82,8 +86,9 @@ def _batches(ev, items, refs):
     return [order[i : i + ev.batch_size] for i in range(0, len(order), ev.batch_size)]
 
 
-def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True):
-    """generate_conditions on one batch: per condition, [(new ids, ref_logprob)] in batch order."""
+def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True, fill=None):
+    """generate_conditions on one batch: per condition, [(new ids, ref_logprob)] in batch order.
+    fill: what removed heads become for the batch's items (None: zero)."""
     prompts = [refs[i][0] for i in batch]
     drafts = [drafts_of(i) for i in batch]  # the reference answer first
     first = np.cumsum([0] + [len(d) for d in drafts])[:-1]  # row of each prompt's reference
@@ -92,7 +97,7 @@ def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True):
         return [continuation_logprob(logits[c], refs[i][1]) for c, i in zip(first, batch)]
 
     new, scores = generate_conditions(
-        prepare(ev.model), prompts, conds, ev.mean_z, _stop(ev),
+        prepare(ev.model), prompts, conds, fill, _stop(ev),
         drafts=drafts, score=score, share_prefix=ev.share_prefix, verify=ev.forced,
         cache=_cache(ev) if keep_intact else None,
     )  # fmt: skip
@@ -149,8 +154,10 @@ def _generate(ev, items, conds):
 
     found: dict[Condition, list] = {c: [None] * len(items) for c in conds}
     ablated = [c for c in dict.fromkeys(conds) if c or not use_drafts]
+    fill = ev.fill_for(items) if ablated else None
     for batch in _batches(ev, items, refs) if ablated else []:
-        for c, out in zip(ablated, _run(ev, items, refs, batch, ablated, drafts_of)):
+        runs = _run(ev, items, refs, batch, ablated, drafts_of, fill=rows_of(fill, batch))
+        for c, out in zip(ablated, runs):
             for i, res in zip(batch, out):
                 found[c][i] = res
     if () in found and use_drafts:
@@ -183,10 +190,83 @@ def _single_token_choices(ev, items):
     return out
 
 
+def _choice_rows(ev, items):
+    """Per item, per choice: (context ids, continuation ids), split where the reference
+    evaluator starts scoring (`LMEvaluator.continuation_ids`)."""
+    out = []
+    for it in items:
+        rows = []
+        for ch in it.choices:
+            ids, start = ev.continuation_ids(it.prompt, ch)
+            rows.append((ids[:start], ids[start:]))
+        out.append(rows)
+    return out
+
+
+def _choice_tree(ev, prep, items, conds, scores) -> None:
+    """Multi-token choices: per batch of items one forward over the prefix tree context ->
+    choices (`score_continuations`), so a context shared by its choices runs once. Fills
+    scores (n_conds, n_items, n_choices) in place."""
+    rows = _choice_rows(ev, items)
+    order = sorted(range(len(items)), key=lambda i: (max(len(c) for c, _ in rows[i]), rows[i]))
+    for b0 in range(0, len(order), ev.batch_size):
+        batch = order[b0 : b0 + ev.batch_size]
+        contexts: dict[tuple[int, ...], int] = {}  # distinct contexts of the batch, in order
+        parent, conts, slots = [], [], []  # per continuation row: its context, ids, (i, j)
+        for i in batch:
+            for j, (context, cont) in enumerate(rows[i]):
+                parent.append(contexts.setdefault(tuple(context), len(contexts)))
+                conts.append(cont)
+                slots.append((i, j))
+
+        def score(logits, conts=conts):  # per row (A + 1, V) -> its total log-probability
+            return [continuation_logprob(lg, cont) for lg, cont in zip(logits, conts)]
+
+        per_cond = score_continuations(
+            prep, [list(c) for c in contexts], conts, parent, conds, ev.mean_z, score,
+            share_prefix=ev.share_prefix, cache=_cache(ev),
+        )  # fmt: skip
+        for k, logps in enumerate(per_cond):
+            for (i, j), lp in zip(slots, logps):
+                scores[k, i, j] = lp
+
+
+def _choice_per_row(ev, prep, items, conds, scores, fill) -> None:
+    """Multi-token choices with a per-item fill (resample ablation): one padded row per (item,
+    choice), so each row carries its own item's fill; no prefix tree. Fills scores in place."""
+    model = ev.model
+    rows = []  # (item index, choice index, ids, start)
+    for i, it in enumerate(items):
+        for j, ch in enumerate(it.choices):
+            ids, start = ev.continuation_ids(it.prompt, ch)
+            rows.append((i, j, ids, start))
+    for b0 in range(0, len(rows), ev.batch_size):
+        chunk = rows[b0 : b0 + ev.batch_size]
+        ids, mask = model.pad([r[2] for r in chunk])
+        # scored positions, at the end
+        n = max(len(seq) - start for _, _, seq, start in chunk) + 1
+
+        def reduce(lg, chunk=chunk):  # (b, n, V) right-aligned -> (b,) log-probs
+            return [
+                continuation_logprob(lg[r], seq[start:])
+                for r, (_, _, seq, start) in enumerate(chunk)
+            ]
+
+        logits = ablated_readout(
+            prep, ids, mask, conds, rows_of(fill, [r[0] for r in chunk]),
+            readout=slice(-n, None), reduce=reduce, share_prefix=ev.share_prefix,
+            cache=_cache(ev),
+        )  # fmt: skip
+        for k, logps in enumerate(logits):
+            for (i, j, _, _), lp in zip(chunk, logps):
+                scores[k, i, j] = lp
+
+
 def _choice(ev, items, conds):
     model = ev.model
     prep = prepare(model)
     scores = np.full((len(conds), len(items), max(len(it.choices) for it in items)), -np.inf)
+    fill = ev.fill_for(items)
     single = _single_token_choices(ev, items)
     if single is not None:
         for start in range(0, len(items), ev.batch_size):
@@ -197,36 +277,16 @@ def _choice(ev, items, conds):
                 return [next_token_log_softmax(lg[b, 0])[toks] for b, (_, toks) in enumerate(chunk)]
 
             logits = ablated_readout(
-                prep, ids, mask, conds, ev.mean_z, readout=slice(-1, None), reduce=reduce,
-                share_prefix=ev.share_prefix, cache=_cache(ev),
+                prep, ids, mask, conds, rows_of(fill, slice(start, start + len(chunk))),
+                readout=slice(-1, None), reduce=reduce, share_prefix=ev.share_prefix,
+                cache=_cache(ev),
             )  # fmt: skip
             for k, per_item in enumerate(logits):
                 for b, logp in enumerate(per_item):
                     scores[k, start + b, : len(logp)] = logp
     else:
-        rows = []  # (item index, choice index, ids, start)
-        for i, it in enumerate(items):
-            for j, ch in enumerate(it.choices):
-                ids, start = ev.continuation_ids(it.prompt, ch)
-                rows.append((i, j, ids, start))
-        for b0 in range(0, len(rows), ev.batch_size):
-            chunk = rows[b0 : b0 + ev.batch_size]
-            ids, mask = model.pad([r[2] for r in chunk])
-            n = (
-                max(len(seq) - start for _, _, seq, start in chunk) + 1
-            )  # scored positions, at the end
-
-            def reduce(lg, chunk=chunk):  # (b, n, V) right-aligned -> (b,) log-probs
-                return [
-                    continuation_logprob(lg[r], seq[start:])
-                    for r, (_, _, seq, start) in enumerate(chunk)
-                ]
-
-            logits = ablated_readout(
-                prep, ids, mask, conds, ev.mean_z, readout=slice(-n, None), reduce=reduce,
-                share_prefix=ev.share_prefix, cache=_cache(ev),
-            )  # fmt: skip
-            for k, logps in enumerate(logits):
-                for (i, j, _, _), lp in zip(chunk, logps):
-                    scores[k, i, j] = lp
+        if fill is None or fill.ndim == 3:  # zero or mean ablation: one fill for every row
+            _choice_tree(ev, prep, items, conds, scores)
+        else:
+            _choice_per_row(ev, prep, items, conds, scores, fill)
     return [choice_results(ev.task, items, scores[k]) for k in range(len(conds))]

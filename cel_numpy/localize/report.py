@@ -21,6 +21,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from cel_numpy.localize.rundir import json_dump, text_dump
+from cel_numpy.tasks.base import answer_context
+from cel_numpy.tasks.changes import classify_change, classify_changes
 
 FIGURES = {
     "singletons": "singletons.png",
@@ -82,6 +84,8 @@ def build_report(loc) -> dict:
     if not r["confirm"]["discovery"]["intact_matches_baseline"]:
         notes.append(intact_comparator_note(r["confirm"]["discovery"]))
     primary = finalists[0]
+    intact_heldout, primary_heldout = loc.heldout_blocks[0], loc.heldout_blocks[1]
+    changes = heldout_changes(loc.task, loc.panels["heldout"], intact_heldout, primary_heldout)
     figures = dict(FIGURES)
     nulls = r.get("nulls") or {}
     if nulls.get("n"):
@@ -117,6 +121,7 @@ def build_report(loc) -> dict:
             "heldout": primary["heldout"],
             "crosstask": primary["crosstask"],
             "nulls": _null_digest(nulls),
+            "changes": changes,
         },
         "nulls": nulls,
         "stage_seconds": loc.stage_seconds(),
@@ -275,6 +280,26 @@ def fmt_heldout(d: dict) -> str:
     )
 
 
+def heldout_changes(task, items, intact, ablated) -> dict:
+    """The primary set's rescued and damaged held-out items by category
+    (`cel_numpy.tasks.changes`: valid, format, echo, shot, genuine)."""
+    return classify_changes(
+        [answer_context(task, it) for it in items],
+        [(r.correct, r.answer) for r in intact],
+        [(r.correct, r.answer) for r in ablated],
+    )
+
+
+def fmt_changes(changes: dict) -> str:
+    """ "rescued 7 (genuine 4, echo 3), damaged 2 (genuine 2)": categories with a count only."""
+    parts = []
+    for kind in ("rescued", "damaged"):
+        counts = changes[kind]
+        inner = ", ".join(f"{c} {n}" for c, n in counts.items() if n)
+        parts.append(f"{kind} {sum(counts.values())}" + (f" ({inner})" if inner else ""))
+    return ", ".join(parts)
+
+
 def fmt_decided(counts: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "-"
 
@@ -322,6 +347,8 @@ def render_markdown(report: dict) -> str:
     ]
     if p["nulls"]:
         lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'])}.", ""]
+    if p.get("changes"):
+        lines += [f"What the changes are (held-out): {fmt_changes(p['changes'])}.", ""]
     if p["crosstask"]:
         lines.append(
             "Other tasks (exploratory: not corrected for the many sets and tasks): "
@@ -401,14 +428,17 @@ def write_report(loc) -> dict:
 # --------------------------------------------------------------------------- test-heads
 
 
-def _examples(items, intact, ablated, want: bool, k: int = 3) -> list[dict]:
-    """Up to k items that the head set rescued (want=True) or damaged, with both outputs."""
+def _examples(task, items, intact, ablated, want: bool, k: int = 3) -> list[dict]:
+    """Up to k items that the head set rescued (want=True) or damaged, with both outputs and
+    the category of the change (`cel_numpy.tasks.changes`)."""
     out = []
     for it, a, b in zip(items, intact, ablated):
         if b.correct == want and a.correct != want:
             prompt = it.prompt if len(it.prompt) <= 160 else "..." + it.prompt[-157:]
+            category = classify_change(answer_context(task, it), a.answer if want else b.answer)
             out.append({"item": it.id, "cluster": it.cluster, "prompt": prompt,
-                        "answer": it.answer, "intact": a.answer, "ablated": b.answer})  # fmt: skip
+                        "answer": it.answer, "intact": a.answer, "ablated": b.answer,
+                        "category": category})  # fmt: skip
         if len(out) == k:
             break
     return out
@@ -438,11 +468,12 @@ def build_test_report(loc) -> dict:
             "heldout": result,
             "crosstask": {},
             "nulls": _null_digest(nulls),
+            "changes": heldout_changes(loc.task, items, intact, ablated),
         },
         "intact": {"heldout": {"n": held["n"], "correct": held["intact_correct"]}},
         "examples": {
-            "rescued": _examples(items, intact, ablated, True),
-            "damaged": _examples(items, intact, ablated, False),
+            "rescued": _examples(loc.task, items, intact, ablated, True),
+            "damaged": _examples(loc.task, items, intact, ablated, False),
         },
         "nulls": nulls,
         "stage_seconds": loc.stage_seconds(),
@@ -473,15 +504,18 @@ def render_test_markdown(report: dict) -> str:
     if p["nulls"]:
         lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'], 'the set')}.", "",
                   "![nulls](nulls.png)", ""]  # fmt: skip
+    lines += [f"What the changes are: {fmt_changes(p['changes'])} (docs/design.md#scoring).", ""]
     for kind in ("rescued", "damaged"):
         examples = report["examples"][kind]
         if not examples:
             continue
-        lines += [f"## Examples {kind}", "", "| prompt (end) | answer | intact | removed |",
-                  "|---|---|---|---|"]  # fmt: skip
+        lines += [f"## Examples {kind}", "",
+                  "| prompt (end) | answer | intact | removed | category |",
+                  "|---|---|---|---|---|"]  # fmt: skip
         for e in examples:
             cells = [e["prompt"].replace("\n", " / "), e["answer"], e["intact"], e["ablated"]]
-            lines.append("| " + " | ".join(f"`{c.strip()}`" for c in cells) + " |")
+            lines.append("| " + " | ".join(f"`{c.strip()}`" for c in cells)
+                         + f" | {e['category']} |")  # fmt: skip
         lines.append("")
     lines += ["Per-example records: `heldout.jsonl`; machine-readable numbers: `report.json`.", ""]
     return "\n".join(lines)

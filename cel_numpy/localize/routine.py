@@ -36,6 +36,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
+from pathlib import Path
 
 from cel_numpy.errors import UserError
 from cel_numpy.localize import rundir as rd
@@ -80,13 +81,14 @@ def cel_numpy_version() -> str:
 
 
 def build_panels(
-    task, n_discovery: int, n_heldout: int, seed: int
+    task, n_discovery: int, n_heldout: int, seed: int, fold: tuple[int, int] | None = None
 ) -> tuple[list[Item], list[Item]]:
-    """Disjoint discovery and held-out panels of distinct items (`cel_numpy.tasks.make_panels`)."""
+    """Disjoint discovery and held-out panels of distinct items (`cel_numpy.tasks.make_panels`);
+    with fold=(k, K) from fold k of the task's K cluster folds only."""
     from cel_numpy.tasks.panels import make_panels
 
     try:
-        return make_panels(task, n_discovery, n_heldout, seed)
+        return make_panels(task, n_discovery, n_heldout, seed, fold)
     except ValueError as err:
         raise UserError(str(err)) from None
 
@@ -183,8 +185,20 @@ def evaluate_chunk(evaluator, items, conditions):
     return evaluator.evaluate_many(items, conditions)
 
 
+def _as_task(task):
+    """A task object, or one named: a registered task, hellaswag/boolq, a .jsonl task file."""
+    if isinstance(task, (str, Path)):
+        from cel_numpy.tasks import get_task
+
+        return get_task(str(task))
+    return task
+
+
 class Localizer:
-    """One run of the routine in one run directory (see the module docstring)."""
+    """One run of the routine in one run directory (see the module docstring).
+
+    `task` (and each of `cross_tasks`) is a task object or a name `cel_numpy.tasks.get_task`
+    knows: a registered task, "hellaswag", "boolq", or the path of a .jsonl task file."""
 
     def __init__(
         self,
@@ -208,6 +222,7 @@ class Localizer:
         tie_break: str = "logprob",
         null_sets: int = 0,
         null_seed: int | None = None,
+        fold: tuple[int, int] | None = None,
     ):
         if n_discovery < 1 or n_heldout < 1:
             raise UserError(
@@ -226,11 +241,13 @@ class Localizer:
         if null_sets < 0:
             raise UserError(f"--null-sets must be >= 0, got {null_sets}")
         self.tie_break = tie_break
+        self.fold = None if fold is None else (int(fold[0]), int(fold[1]))
         self.null_sets = int(null_sets)
         self.null_seed = int(seed if null_seed is None else null_seed)
         self.screen_method, self.n_candidates = screen, int(n_candidates)
         self.out = prepare_out(out)
         self.make_evaluator = make_evaluator
+        task, cross_tasks = _as_task(task), [_as_task(t) for t in cross_tasks]
         self.task = task
         self.cross_tasks = [t for t in cross_tasks if t.name != task.name]
         self.n_discovery, self.n_heldout, self.seed = int(n_discovery), int(n_heldout), int(seed)
@@ -249,7 +266,9 @@ class Localizer:
             print(msg, file=self.stream, flush=True)
 
     def _setup(self) -> None:
-        discovery, heldout = build_panels(self.task, self.n_discovery, self.n_heldout, self.seed)
+        discovery, heldout = build_panels(
+            self.task, self.n_discovery, self.n_heldout, self.seed, self.fold
+        )
         self.panels = {"discovery": discovery, "heldout": heldout}
         for t in self.cross_tasks:
             self.panels[f"cross-{t.name}"] = cross_panel(t, self.n_heldout, self.seed)
@@ -271,6 +290,8 @@ class Localizer:
                 "name": self.task.name,
                 "scoring": self.task.scoring,
                 "max_new_tokens": getattr(self.task, "max_new_tokens", None),
+                # a task file's sha256 and options: a changed file is a different run
+                **(self.task.identity() if hasattr(self.task, "identity") else {}),
             },
             "seed": self.seed,
             "panel_sizes": {name: len(items) for name, items in self.panels.items()},
@@ -284,11 +305,14 @@ class Localizer:
             "tie_break": self.tie_break,
             "null_sets": {"n": self.null_sets, "seed": self.null_seed},
             **self._extra_manifest(),
+            **({"task_file": str(self.task.path)} if hasattr(self.task, "path") else {}),
             "cel_numpy_version": cel_numpy_version(),
             "command": self.command,
         }
         if self.screen_method != "exact":
             manifest["screen"] = {"method": self.screen_method, "n_candidates": self.n_candidates}
+        if self.fold is not None:  # absent otherwise, so runs written before folds still resume
+            manifest["fold"] = {"k": self.fold[0], "folds": self.fold[1]}
         if hasattr(ev, "prompts_sha256"):  # language models: the texts the model reads
             tasks = {"discovery": self.task, "heldout": self.task}
             tasks.update({f"cross-{t.name}": t for t in self.cross_tasks})
@@ -492,6 +516,11 @@ class Localizer:
                 raise UserError(
                     "--screen gradient needs a language model (its backward pass); "
                     "use --screen exact"
+                )
+            if getattr(ev, "ablation", "zero") == "resample":
+                raise UserError(
+                    "--screen gradient estimates zero or mean ablation, not resample ablation "
+                    "(a fill per item); use --screen exact"
                 )
             from cel_numpy.localize.gradient import gradient_screen
 

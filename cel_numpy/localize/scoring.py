@@ -81,6 +81,15 @@ def reference_ids(ev, item: Item) -> tuple[list[int], list[int]]:
     return prompt, alone
 
 
+def choice_scores(task, item: Item, logprobs: np.ndarray) -> np.ndarray:
+    """What a choice task compares: the total log-probability of each candidate (n_choices,),
+    or with `task.normalize == "chars"` that divided by the candidate's length in characters
+    (`task.choice_lengths(item)`: lm-eval's acc_norm). The first maximum is chosen."""
+    if getattr(task, "normalize", "none") == "chars":
+        return logprobs / np.asarray(task.choice_lengths(item), dtype=np.float64)
+    return logprobs
+
+
 def choice_results(task, items: Sequence[Item], scores: np.ndarray) -> list:
     """Per item the best-scoring candidate, its verdict and the correct candidate's log-prob.
 
@@ -91,7 +100,7 @@ def choice_results(task, items: Sequence[Item], scores: np.ndarray) -> list:
     check_finite_scores(scores, items)  # a NaN or Inf log-probability is never a score
     out = []
     for i, it in enumerate(items):
-        chosen = it.choices[int(np.argmax(scores[i, : len(it.choices)]))]
+        chosen = it.choices[int(np.argmax(choice_scores(task, it, scores[i, : len(it.choices)])))]
         ref = float(scores[i, it.choices.index(it.answer)]) if it.answer in it.choices else None
         out.append(ExampleResult(it.id, bool(task.is_correct(it, chosen)), chosen, ref))
     return out
@@ -127,7 +136,7 @@ class StopRule:
         return lambda ids: self.text in tokenizer.decode(list(ids))
 
 
-STOPS = ("newline", "end_of_turn")
+STOPS = ("newline", "end_of_turn", "text")
 
 
 def stop_rule(task, tokenizer) -> StopRule:
@@ -135,7 +144,9 @@ def stop_rule(task, tokenizer) -> StopRule:
 
     "newline": at eos, and the text is cut at (generation may stop once it has) a newline.
     "end_of_turn": at one of the tokenizer's `stop_ids` (a chat model's end-of-turn and
-    end-of-text tokens); newlines are part of the answer.
+    end-of-text tokens); newlines are part of the answer. A task's `stop_text` (e.g. MBPP's
+    "[DONE]") also ends it there: the text is cut at its first occurrence.
+    "text": as "newline", with the task's `stop_text` in place of the newline.
     """
     stop = getattr(task, "stop", "newline")
     if stop not in STOPS:
@@ -147,10 +158,11 @@ def stop_rule(task, tokenizer) -> StopRule:
                 f"task {task.name!r} stops at the end of the model's turn, but the tokenizer "
                 "declares no end-of-turn or end-of-text token"
             )
-        return StopRule(ids=ids, text=None, max_new_tokens=int(task.max_new_tokens))
+        text = getattr(task, "stop_text", None)
+        return StopRule(ids=ids, text=text, max_new_tokens=int(task.max_new_tokens))
     eos = getattr(tokenizer, "eos_id", None)
     return StopRule(
         ids=frozenset() if eos is None else frozenset({int(eos)}),
-        text="\n",
+        text=task.stop_text if stop == "text" else "\n",
         max_new_tokens=int(task.max_new_tokens),
     )

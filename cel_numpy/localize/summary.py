@@ -75,6 +75,7 @@ def summarize(run_dirs) -> dict:
                 "nulls": p.get("nulls"),
                 "crosstask": {k: v for k, v in p.get("crosstask", {}).items()},
                 "finalists": finalists,
+                "fold": m.get("fold"),
                 "wall_seconds": sum(seconds) if seconds else None,
             }
         )
@@ -86,10 +87,24 @@ def summarize(run_dirs) -> dict:
 
 
 def head_recurrence(rows: list[dict]) -> dict[str, dict]:
-    """Per task, how many searches hold each head in their primary set and among their
-    finalists. A head belongs to one model: when the rows hold several models, the key is
+    """Per task, how many independent searches hold each head in their primary set and among
+    their finalists. A head belongs to one model: when the rows hold several models, the key is
     "model task". Only searches count (`localize` runs): a test-heads run's set was given to it,
-    so counting it would count one finding twice."""
+    so counting it would count one finding twice. Only independent searches count: in table
+    order, a search is kept when its discovery and held-out panels share no cluster with those
+    of the searches kept before it (runs on distinct folds, `--fold k --folds K`, always do;
+    nested or overlapping panels of one task do not); "not_independent" says how many were
+    left out. A row's clusters are its "clusters" entry, else read from its run directory's
+    panels."""
+    from cel_numpy.localize.rundir import read_panel
+
+    def clusters_of(row) -> set[str]:
+        if "clusters" in row:
+            return set(row["clusters"])
+        panels = Path(row["dir"]) / "panels"
+        return {it.cluster for name in ("discovery", "heldout")
+                for it in read_panel(panels / f"{name}.jsonl")}  # fmt: skip
+
     several = len({row["model"] for row in rows}) > 1
     by_task = defaultdict(list)
     for row in rows:
@@ -98,12 +113,20 @@ def head_recurrence(rows: list[dict]) -> dict[str, dict]:
         by_task[f"{row['model']} {row['task']}" if several else row["task"]].append(row)
     recurrence = {}
     for task, task_rows in by_task.items():
-        primary, finalist = Counter(), Counter()
+        seen: set[str] = set()
+        independent = []
         for row in task_rows:
+            clusters = clusters_of(row)
+            if not clusters & seen:
+                independent.append(row)
+                seen |= clusters
+        primary, finalist = Counter(), Counter()
+        for row in independent:
             primary.update(row["primary"].split("+"))
             finalist.update({h for name in row["finalists"] for h in name.split("+")})
         recurrence[task] = {
-            "runs": len(task_rows),
+            "runs": len(independent),
+            "not_independent": len(task_rows) - len(independent),
             "primary": dict(primary.most_common()),
             "finalists": dict(finalist.most_common()),
         }

@@ -22,7 +22,13 @@ import numpy as np
 
 from cel_numpy.attention import attention_backward
 from cel_numpy.models.config import ModelConfig
-from cel_numpy.models.transformer import BlockCache, ForwardCache, MLPActivations, norm_forward
+from cel_numpy.models.transformer import (
+    GATE_ACTIVATIONS,
+    BlockCache,
+    ForwardCache,
+    MLPActivations,
+    norm_forward,
+)
 from cel_numpy.ops import (
     LinearCache,
     cross_entropy_backward,
@@ -33,8 +39,9 @@ from cel_numpy.ops import (
     linear_backward,
     rms_norm_backward,
     silu_backward,
-    silu_forward,
 )
+
+GATE_BACKWARDS = {"silu": silu_backward, "gelu_tanh": gelu_backward}  # config.mlp_act -> op
 
 IGNORE = -1  # a target below 0 is not scored (padding, prompt tokens)
 
@@ -99,10 +106,10 @@ def mlp_backward(
         if db is not None:
             grads["b_in"] = db
         return dx, grads
-    gate, silu_cache = silu_forward(act.pre)  # (B, T, F)
+    gate, gate_cache = GATE_ACTIVATIONS[config.mlp_act](act.pre)  # (B, T, F)
     dgate = dpost * act.up  # post = gate * up
     dup = dpost * gate
-    dpre = silu_backward(dgate, silu_cache)  # (B, T, F)
+    dpre = GATE_BACKWARDS[config.mlp_act](dgate, gate_cache)  # (B, T, F)
     dx, grads["W_gate"], db_gate = _linear_backward(dpre, x, p["W_gate"], p.get("b_gate"))
     dx_up, grads["W_in"], db_in = _linear_backward(dup, x, p["W_in"], p.get("b_in"))
     dx += dx_up  # x fans out to the gate and the up projection
@@ -118,18 +125,30 @@ def block_backward(
     """Backward of one pre-norm block.
     dout (B, T, D) -> dx (B, T, D), grads (keys of p), dhead_mask (H,).
 
-    Forward: mid = x + attn(ln1(x)); out = mid + mlp(ln2(mid)).
+    Forward: mid = x + attn(ln1(x)); out = mid + mlp(ln2(mid)); with sandwich norms (gemma3)
+    mid = x + ln1_post(attn(ln1(x))); out = mid + ln2_post(mlp(ln2(mid))).
     """
+    grads = {}
     dresid_mid = dout.copy()  # out = mid + ...
-    dln2_out, g_mlp = mlp_backward(dout, p["mlp"], cache.ln2_out, cache.mlp, config)  # (B, T, D)
-    dmid_via_ln2, g_ln2 = norm_backward(dln2_out, p["ln2"], cache.resid_mid, config)
-    dresid_mid += dmid_via_ln2
-    dln1_out, g_attn, dhead_mask = attention_backward(
-        dresid_mid, p["attn"], cache.attn, fill=fill
+    dmlp_out = dout  # (B, T, D)
+    if config.sandwich_norms:
+        dmlp_out, grads["ln2_post"] = norm_backward(dout, p["ln2_post"], cache.mlp_out_raw, config)
+    dln2_out, grads["mlp"] = mlp_backward(
+        dmlp_out, p["mlp"], cache.ln2_out, cache.mlp, config
     )  # (B, T, D)
-    dx_via_ln1, g_ln1 = norm_backward(dln1_out, p["ln1"], cache.resid_pre, config)
+    dmid_via_ln2, grads["ln2"] = norm_backward(dln2_out, p["ln2"], cache.resid_mid, config)
+    dresid_mid += dmid_via_ln2
+    dattn_out = dresid_mid  # (B, T, D)
+    if config.sandwich_norms:
+        dattn_out, grads["ln1_post"] = norm_backward(
+            dresid_mid, p["ln1_post"], cache.attn_out_raw, config
+        )
+    dln1_out, grads["attn"], dhead_mask = attention_backward(
+        dattn_out, p["attn"], cache.attn, fill=fill
+    )  # (B, T, D)
+    dx_via_ln1, grads["ln1"] = norm_backward(dln1_out, p["ln1"], cache.resid_pre, config)
     dx = dresid_mid + dx_via_ln1  # mid = x + ...
-    return dx, {"ln1": g_ln1, "attn": g_attn, "ln2": g_ln2, "mlp": g_mlp}, dhead_mask
+    return dx, grads, dhead_mask
 
 
 # --------------------------------------------------------------------------- whole model
@@ -183,9 +202,9 @@ def transformer_backward(
         )
     grads["blocks"] = blocks
 
-    # x_0 = W_E[ids] (+ W_pos[positions]): scatter-add the rows back
+    # x_0 = W_E[ids] * embed_scale (+ W_pos[positions]): scatter-add the rows back
     dW_E = np.zeros_like(params["embed"]["W_E"])  # (V, D)
-    np.add.at(dW_E, ids, dx)
+    np.add.at(dW_E, ids, dx * config.embed_scale if config.embed_scale != 1.0 else dx)
     if "pos_embed" in params:
         dW_pos = np.zeros_like(params["pos_embed"]["W_pos"])  # (n_ctx, D)
         np.add.at(dW_pos, cache.inputs.positions, dx)

@@ -10,6 +10,17 @@ Qwen2 is the llama family with biases on the query, key and value projections (n
 output projection): `qkv_bias=True`, `arch="qwen2"`. Everything else (RMSNorm, rotate-half
 rotary, SwiGLU, grouped-query attention) is Llama's.
 
+Gemma 3 (`arch="gemma3"`) is the llama family with six changes, each a field here:
+  embed_scale     the embedding is multiplied by sqrt(D) on the way in (not on the way out)
+  query_scale     scores are q.k * query_scale^-1/2 (Gemma's query_pre_attn_scalar)
+  qk_norm         an RMSNorm over each head's E on q and on k, before rotary
+  sandwich_norms  the attention and MLP outputs are RMS-normed again before the residual add
+  mlp_act         "gelu_tanh": the gate goes through GELU (tanh form), not SiLU
+  local_layers    layers with a sliding window of `sliding_window` keys and rotary base
+                  `rope_local_base` (10k); the others attend globally with `rope_base` (1e6)
+Gemma's RMSNorm multiplies by (1 + w); we store the multiplier 1 + w itself, so every norm is
+the same x / rms(x) * w (GGUF files already hold 1 + w; Hugging Face folders hold w).
+
 Constructors read the configuration of a Hugging Face folder (`from_hf_config`) and the
 dictionary that `to_dict` writes (the `.npz` export's `config_json`). GGUF metadata is read in
 `gguf_loader.py`.
@@ -23,7 +34,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from cel_numpy.errors import ConfigError
 
 FAMILIES = ("gpt2", "llama")
-HF_ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama", "qwen2": "llama"}  # model_type -> family
+# model_type -> family
+HF_ARCHITECTURES = {"gpt2": "gpt2", "llama": "llama", "qwen2": "llama", "gemma3_text": "llama"}
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # the gate's nonlinearity in a gated MLP
 
 
 def _required(hf: dict, key: str):
@@ -68,6 +81,15 @@ class ModelConfig:
     mlp_bias: bool = False  # b_in, b_out (and b_gate) present
     name: str = ""  # free text: where the config came from
     arch: str = ""  # architecture label for display ("qwen2"); the family decides the maths
+    # Gemma 3 (module docstring); the defaults are Llama's
+    mlp_act: str = "silu"  # gated MLP: act(x W_gate) * (x W_in)
+    embed_scale: float = 1.0  # x_0 = W_E[ids] * embed_scale
+    query_scale: float | None = None  # scores scaled by query_scale^-1/2; None: d_head
+    qk_norm: bool = False  # RMSNorm (E,) weights on q and k: attn.q_norm.w, attn.k_norm.w
+    sandwich_norms: bool = False  # ln1_post.w after attention, ln2_post.w after the MLP
+    local_layers: tuple[int, ...] = ()  # layers with the sliding window and the local rotary base
+    sliding_window: int | None = None  # a local layer's query sees its last sliding_window keys
+    rope_local_base: float = 10000.0  # rotary base of the local layers
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -112,8 +134,62 @@ class ModelConfig:
         # Python floats, not NumPy scalars: a np.float64 eps would promote float32 activations.
         object.__setattr__(self, "norm_eps", float(self.norm_eps))
         object.__setattr__(self, "rope_base", float(self.rope_base))
+        self._check_gemma_fields()
+
+    def _check_gemma_fields(self) -> None:
+        """The Gemma 3 fields: types, ranges, and that they only appear on the llama family."""
+        if self.mlp_act not in MLP_ACTIVATIONS:
+            raise ConfigError(f"mlp_act must be one of {MLP_ACTIVATIONS}, got {self.mlp_act!r}")
+        for f in ("embed_scale", "query_scale", "rope_local_base"):
+            value = getattr(self, f)
+            if value is None and f == "query_scale":
+                continue
+            if (
+                not isinstance(value, (int, float))
+                or isinstance(value, bool)
+                or not 0 < value < 1e300
+            ):
+                raise ConfigError(f"{f} must be a positive number, got {_shown(value)}")
+            object.__setattr__(self, f, float(value))
+        if not isinstance(self.local_layers, (tuple, list)):  # a list when read back from JSON
+            raise ConfigError(
+                f"local_layers must be a list of layer indices, got {self.local_layers!r}"
+            )
+        layers = tuple(self.local_layers)
+        if not all(isinstance(l, int) and not isinstance(l, bool) for l in layers) or any(
+            not 0 <= l < self.n_layers for l in layers
+        ):
+            raise ConfigError(f"local_layers must be layer indices in [0, {self.n_layers})")
+        object.__setattr__(self, "local_layers", tuple(sorted(set(layers))))
+        if layers and not (
+            isinstance(self.sliding_window, int)
+            and not isinstance(self.sliding_window, bool)
+            and 1 <= self.sliding_window <= MAX_SIZE
+        ):
+            raise ConfigError(
+                f"local_layers need a positive integer sliding_window, got {self.sliding_window!r}"
+            )
+        gemma = (
+            self.mlp_act != "silu"
+            or self.embed_scale != 1.0
+            or self.query_scale is not None
+            or self.qk_norm
+            or self.sandwich_norms
+            or layers
+        )
+        if gemma and self.family != "llama":
+            raise ConfigError("the Gemma 3 fields apply to the llama family only")
 
     # ------------------------------------------------------------------ derived
+
+    @property
+    def attn_scale(self) -> float:
+        """What q.k is multiplied by: 1/sqrt(d_head), or 1/sqrt(query_scale) when set (Gemma)."""
+        return 1.0 / math.sqrt(self.d_head if self.query_scale is None else self.query_scale)
+
+    def is_local(self, layer: int) -> bool:
+        """True if `layer` attends through the sliding window with the local rotary base."""
+        return layer in self.local_layers
 
     @property
     def group_size(self) -> int:
@@ -135,6 +211,8 @@ class ModelConfig:
         n_mats = 3 if self.family == "llama" else 2
         mlp = n_mats * D * F + ((n_mats - 1) * F + D if self.mlp_bias else 0)
         norms = 2 * D if self.family == "llama" else 4 * D
+        norms += 2 * D if self.sandwich_norms else 0
+        norms += 2 * E if self.qk_norm else 0
         per_layer = attn + mlp + norms
         total = V * D + self.n_layers * per_layer + (D if self.family == "llama" else 2 * D)
         if self.family == "gpt2":
@@ -173,6 +251,8 @@ class ModelConfig:
             return _gpt2_from_hf(hf, name)
         if model_type == "qwen2":
             return _qwen2_from_hf(hf, name)
+        if model_type == "gemma3_text":
+            return _gemma3_from_hf(hf, name)
         return _llama_from_hf(hf, name)
 
 
@@ -244,3 +324,55 @@ def _qwen2_from_hf(hf: dict, name: str) -> ModelConfig:
         raise ConfigError("qwen2 sliding-window attention is not supported (use_sliding_window)")
     llama = _llama_from_hf({**hf, "attention_bias": False, "mlp_bias": False}, name)
     return replace(llama, qkv_bias=True, arch="qwen2")
+
+
+def _gemma3_from_hf(hf: dict, name: str) -> ModelConfig:
+    """Gemma3ForCausalLM (model_type gemma3_text): Llama's keys plus the Gemma 3 fields."""
+    act = hf.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ConfigError(f"gemma3 activation {act!r} not supported (gelu_pytorch_tanh only)")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if hf.get(key) is not None:
+            raise ConfigError(f"gemma3 {key}={hf[key]!r} is not supported (Gemma 3 has none)")
+    if hf.get("use_bidirectional_attention"):
+        raise ConfigError("gemma3 bidirectional attention is not supported (causal only)")
+    rope = hf.get("rope_parameters") or {}
+    bases = {}
+    for kind, default in (("full_attention", 1e6), ("sliding_attention", 1e4)):
+        params = rope.get(kind) or {}
+        if params.get("rope_type", "default") != "default":
+            raise ConfigError(f"gemma3 rope scaling {params['rope_type']!r} is not supported")
+        bases[kind] = params.get("rope_theta", default)
+    if not rope:  # transformers < 5: rope_theta (global) and rope_local_base_freq
+        bases = {
+            "full_attention": hf.get("rope_theta", 1e6),
+            "sliding_attention": hf.get("rope_local_base_freq", 1e4),
+        }
+    L = _count(_required(hf, "num_hidden_layers"), "num_hidden_layers")
+    types = hf.get("layer_types") or gemma3_layer_types(L, hf.get("sliding_window_pattern", 6))
+    if len(types) != L or set(types) - {"sliding_attention", "full_attention"}:
+        raise ConfigError(f"gemma3 layer_types must name {L} sliding/full layers, got {types!r}")
+    llama = _llama_from_hf(
+        {**hf, "hidden_act": "silu", "rope_parameters": None, "rope_scaling": None}, name
+    )
+    return replace(
+        llama,
+        rope_base=bases["full_attention"],
+        tied_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        arch="gemma3",
+        mlp_act="gelu_tanh",
+        embed_scale=math.sqrt(llama.d_model),
+        query_scale=hf.get("query_pre_attn_scalar", 256),
+        qk_norm=True,
+        sandwich_norms=True,
+        local_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
+        sliding_window=hf.get("sliding_window", 4096),
+        rope_local_base=bases["sliding_attention"],
+    )
+
+
+def gemma3_layer_types(n_layers: int, pattern: int = 6) -> list[str]:
+    """Gemma 3's default layout: every `pattern`-th layer (5, 11, 17, ...) attends globally."""
+    return [
+        "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)
+    ]

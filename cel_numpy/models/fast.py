@@ -7,13 +7,13 @@ is exact (results agree with the plain forward to float rounding; tests compare 
   * weights laid out once per model (`prepare`): Q, K, V fused into one (D, (H + 2G) E) matrix
     (with the biases of whichever of them has one), W_O flat (H E, D), a gated MLP's gate and
     up fused into (D, 2F); float32 throughout, elementwise chains in place.
-  * a prefix tree of token sequences (`Tree`): rows are grouped into segments, each row of a
-    segment continuing one row of the segment before (a panel's common prefix -> each prompt ->
-    each answer continuation of that prompt). Causal attention means a segment's keys and values
-    do not depend on what follows, so each segment runs once and later segments attend to its
-    K/V as a past (`Past`). A chat template shared by a panel runs once per condition, not once
-    per item; a prompt with two continuations (the reference answer, the intact model's answer)
-    runs once.
+  * a prefix tree of token sequences (a list of `Segment`s): rows are grouped into segments,
+    each row of a segment continuing one row of the segment before (a panel's common prefix ->
+    each prompt -> each answer continuation of that prompt). Causal attention means a
+    segment's keys and values do not depend on what follows, so each segment runs once and
+    later segments attend to its K/V as a past (`Past`). A chat template shared by a panel runs
+    once per condition, not once per item; a prompt with two continuations (the reference
+    answer, the intact model's answer) runs once.
   * exact reuse across ablation conditions (`ablated_tree`): the residual stream entering layer
     j is keyed by the heads a condition ablates *below* j; only distinct keys are computed, so
     the intact prefix (layers below the lowest ablated head) comes from one intact pass
@@ -76,6 +76,10 @@ class LayerWeights:
     b_up: np.ndarray | None  # (F,) or (2F,)
     W_out: np.ndarray  # (F, D)
     b_out: np.ndarray | None  # (D,)
+    q_norm_w: np.ndarray | None = None  # (E,) gemma3: RMSNorm of each head's q
+    k_norm_w: np.ndarray | None = None  # (E,) gemma3: RMSNorm of each head's k
+    ln1_post_w: np.ndarray | None = None  # (D,) gemma3: norm of the attention output
+    ln2_post_w: np.ndarray | None = None  # (D,) gemma3: norm of the MLP output
 
 
 @dataclass(frozen=True)
@@ -112,10 +116,15 @@ def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
         b_up = _cat_bias([m.get("b_gate"), m.get("b_in")], [F, F], dtype)  # (2F,)
     else:
         W_up, b_up = np.ascontiguousarray(m["W_in"], dtype), m.get("b_in")
+    gemma = {
+        "q_norm_w": a.get("q_norm", {}).get("w"), "k_norm_w": a.get("k_norm", {}).get("w"),
+        "ln1_post_w": p.get("ln1_post", {}).get("w"), "ln2_post_w": p.get("ln2_post", {}).get("w"),
+    }  # fmt: skip
     return LayerWeights(
         ln1_w=p["ln1"]["w"], ln1_b=p["ln1"].get("b"), W_qkv=W_qkv, b_qkv=b_qkv, W_O=W_O,
         b_O=a.get("b_O"), ln2_w=p["ln2"]["w"], ln2_b=p["ln2"].get("b"),
         W_up=W_up, b_up=b_up, W_out=np.ascontiguousarray(m["W_out"], dtype), b_out=m.get("b_out"),
+        **gemma,
     )  # fmt: skip
 
 
@@ -131,7 +140,7 @@ def keep_freed_memory() -> bool:
     A forward allocates and frees arrays of several MiB per layer. By default glibc maps each
     one afresh and unmaps it when freed, so every new activation array is paid again in page
     faults when it is first written, about 1.4 ms per MiB on this project's VMs, which made a
-    capitals screen 1.07-1.20x slower (`bench/bench_screen.py`, variant `keep_memory`). With
+    capitals screen measurably slower (`bench/bench_screen.py`, variant `keep_memory`). With
     the mmap threshold raised (and trimming off) freed blocks are reused: the process keeps its peak
     heap instead of shrinking between forwards. Process-wide; called by `prepare`, so any
     use of the fast engine turns it on. A no-op returning False where there is no glibc, or
@@ -259,14 +268,17 @@ def _mlp_residual_(
     h = _linear(xn, lw.W_up, lw.b_up)  # (N, F) or (N, 2F)
     if h.shape[1] == lw.W_out.shape[0]:  # gpt2: GELU
         post = _gelu_(h, np.empty_like(h))  # (N, F)
-    else:  # gated: silu(gate) * up
+    else:  # gated: act(gate) * up, act silu (llama) or GELU-tanh (gemma3)
         F = lw.W_out.shape[0]
         gate, up = h[:, :F], h[:, F:]  # (N, F) views
-        post = _silu_(gate, np.empty_like(gate))
+        act = _gelu_ if config.mlp_act == "gelu_tanh" else _silu_
+        post = act(gate, np.empty_like(gate))
         post *= up  # (N, F) strided view; BLAS reads it with its leading dimension
     out = post @ lw.W_out  # (N', D)
     if lw.b_out is not None:
         out += lw.b_out
+    if lw.ln2_post_w is not None:  # sandwich norm (gemma3)
+        out = _norm(out, lw.ln2_post_w, None, config)
     if real is None:
         x2 += out
     else:
@@ -311,35 +323,63 @@ def _attention_step(
     q = qkv[:, query, :H].transpose(0, 2, 1, 3)  # (R, H, Tq, E)
     k = qkv[:, :, H : H + G].transpose(0, 2, 1, 3)  # (R, G, T, E)
     v = qkv[:, :, H + G :].transpose(0, 2, 1, 3)  # (R, G, T, E)
+    if lw.q_norm_w is not None:  # gemma3: RMSNorm of each head's q and k, before rotary
+        q = _norm(q, lw.q_norm_w, None, config)  # (R, H, Tq, E)
+        k = _norm(k, lw.k_norm_w, None, config)  # (R, G, T, E)
     if rotary is not None:
         q = rotary_forward(q, Rotary(cos=rotary.cos[:, :, query], sin=rotary.sin[:, :, query]))
         k = rotary_forward(k, rotary)
     keys, values = (k, v) if past is None else past.extend(k, v)  # (R, G, S, E)
     if q.shape[2] == 0:  # only this call's K/V are wanted (an earlier segment, last layer)
         return np.empty((R, H, 0, E), x.dtype), k, v
-    z, _ = softmax_attention_forward(q, keys, values, scale=1.0 / float(np.sqrt(E)), mask=mask)
+    z, _ = softmax_attention_forward(q, keys, values, scale=config.attn_scale, mask=mask)
     return z, k, v  # z (R, H, Tq, E)
 
 
 def _ablate_(z: np.ndarray, keep: np.ndarray | None, fill: np.ndarray | None) -> np.ndarray:
     """In place: z_h <- keep_h z_h + (1 - keep_h) fill_h per row.
-    z (R, H, T, E), keep (R, H), fill (H, E)."""
+    z (R, H, T, E), keep (R, H), fill (H, E) or one per row (R, H, E)."""
     if keep is None:
         return z
     m = keep[:, :, None, None]  # (R, H, 1, 1)
     z *= m
     if fill is not None:
-        z += (1.0 - m) * fill[None, :, None, :]
+        z += (1.0 - m) * np.expand_dims(fill, -2)  # (H, 1, E) or (R, H, 1, E)
     return z
 
 
+def _segment_fill(fill: np.ndarray | None, j: int, segments, s: int, n: int):
+    """Layer j's fill for the n R_s stacked rows of segment s: (H, E) as it is, or, for a fill
+    per root row (L, R_0, H, E), each row's root (segment 0 row) taken, tiled n times."""
+    if fill is None or fill.ndim == 3:
+        return None if fill is None else fill[j]
+    root = segments[s].lineage[0] if s else np.arange(segments[0].ids.shape[0])  # (R_s,)
+    return _tile(fill[j][root], n)  # (n R_s, H, E)
+
+
+def check_row_fill(fill: np.ndarray | None, n_roots: int, share_prefix: bool) -> None:
+    """A fill per row (L, B, H, E) needs one vector per prompt and no shared-prefix segment (its
+    one row would serve every prompt)."""
+    if fill is not None and fill.ndim == 4:
+        if fill.shape[1] != n_roots:
+            raise ValueError(f"a fill per row needs {n_roots} rows, got {fill.shape[1]}")
+        if share_prefix:
+            raise ValueError("a fill per row (resample ablation) needs share_prefix=False")
+
+
 def _attn_out_residual(
-    lw: LayerWeights, x: np.ndarray, z: np.ndarray, real: np.ndarray | None = None
+    lw: LayerWeights,
+    x: np.ndarray,
+    z: np.ndarray,
+    config: ModelConfig,
+    real: np.ndarray | None = None,
 ) -> np.ndarray:
-    """x (R, T, D) + z (R, H, T, E) W_O + b_O -> new (R, T, D); at padding rows (not `real`)
-    the attention output is 0."""
+    """x (R, T, D) + z (R, H, T, E) W_O + b_O (normed by ln1_post for gemma3) -> new (R, T, D);
+    at padding rows (not `real`) the attention output is 0."""
     R, H, T, E = z.shape
     out = _linear_rows(z.transpose(0, 2, 1, 3).reshape(R * T, H * E), lw.W_O, lw.b_O, real)
+    if lw.ln1_post_w is not None:  # sandwich norm (gemma3); a zero padding row stays 0
+        out = _norm(out, lw.ln1_post_w, None, config)
     out = out.reshape(R, T, -1)
     out += x
     return out
@@ -357,7 +397,7 @@ def _block_rest(
     """After attention: ablate z, W_O, residual, MLP, the matrix products at the `real` rows
     (R Tq,) only (None: all). x (R, Tq, D), z (R, H, Tq, E) -> (R, Tq, D)."""
     _ablate_(z, keep, fill)
-    return _mlp_residual_(lw, _attn_out_residual(lw, x, z, real), config, real)
+    return _mlp_residual_(lw, _attn_out_residual(lw, x, z, config, real), config, real)
 
 
 def _unembed(prep: Prepared, x: np.ndarray, columns: np.ndarray | None) -> np.ndarray:
@@ -412,7 +452,8 @@ def forward(
     L = config.n_layers
     for j, lw in enumerate(prep.layers):
         query = positions if j == L - 1 else slice(None)
-        z, _, _ = _attention_step(lw, x, config, inp.mask[:, :, query], inp.rotary, query)
+        mask, rotary = inp.for_layer(config, j)
+        z, _, _ = _attention_step(lw, x, config, mask[:, :, query], rotary, query)
         x = _block_rest(lw, x[:, query], z, None, None, config)
     return _unembed(prep, x, columns)
 
@@ -435,6 +476,14 @@ class Segment:
     positions: np.ndarray  # (R, T)
     mask: np.ndarray  # (R, 1, T, S) S = widths of the earlier segments + T
     rotary: Rotary | None  # (R, 1, T, E/2)
+    local_mask: np.ndarray | None = None  # (R, 1, T, S) within the sliding window (gemma3)
+    local_rotary: Rotary | None = None  # (R, 1, T, E/2) of the local rotary base (gemma3)
+
+    def for_layer(self, config: ModelConfig, layer: int) -> tuple[np.ndarray, Rotary | None]:
+        """(mask, rotary) of `layer`: the sliding-window ones for a local layer."""
+        if config.is_local(layer):
+            return self.local_mask, self.local_rotary
+        return self.mask, self.rotary
 
 
 def left_pad(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -472,7 +521,8 @@ def tree(
         inp = prepare_inputs(config, key_valid, ids.shape[1], prep.dtype)
         segments.append(
             Segment(ids=np.asarray(ids), valid=valid, lineage=lineage, positions=inp.positions,
-                    mask=inp.mask, rotary=inp.rotary)
+                    mask=inp.mask, rotary=inp.rotary, local_mask=inp.local_mask,
+                    local_rotary=inp.local_rotary)
         )  # fmt: skip
     return segments
 
@@ -531,8 +581,9 @@ def _tree_attention(prep, j, segments, xs, n, readout):
         query = slice(None)
         if last_layer:
             query = readout if s == len(segments) - 1 else slice(0, 0)
+        mask, rotary = seg.for_layer(config, j)
         z, k, v = _attention_step(
-            lw, x, config, _tile(seg.mask[:, :, query], n), _tile_rotary(seg.rotary, n),
+            lw, x, config, _tile(mask[:, :, query], n), _tile_rotary(rotary, n),
             query, _past(segments, s, kv, n), _real_rows(seg.valid, n),
         )  # fmt: skip
         zs.append(z)
@@ -648,7 +699,8 @@ def ablated_tree(
 
     Returns (final {cond: (R_last, T', D)}, kv {cond: [layer][segment] (k, v)} if keep_kv). The
     state entering layer j is keyed by the condition's heads below j; the intact key () is
-    never recomputed. fill (L, H, E) for mean ablation, None for zero ablation.
+    never recomputed. fill (L, H, E) for mean ablation, (L, R_0, H, E) for a fill per root row
+    (resample ablation; the tree has no shared-prefix segment then), None for zero ablation.
     """
     config = prep.config
     L, H = config.n_layers, config.n_heads
@@ -687,7 +739,7 @@ def ablated_tree(
                 )  # (n R, Tq, D)
                 rows_keep = None if keep is None else np.repeat(keep, R, axis=0)  # (n R, H)
                 x_out = _block_rest(
-                    lw, x_in, z_in, rows_keep, None if fill is None else fill[j], config,
+                    lw, x_in, z_in, rows_keep, _segment_fill(fill, j, segments, s, n), config,
                     _real_rows(segments[s].valid[:, q], n),
                 )  # fmt: skip
                 for i, c in enumerate(children):
@@ -736,6 +788,8 @@ def ablated_readout(
     if n_read == 0 or read.step != 1 or read[-1] != T - 1:
         raise ValueError(f"readout must be the last positions (slice(-n, None)), got {readout}")
     rows = [list(ids[b][valid[b]]) for b in range(B)]
+    share_prefix = share_prefix and (fill is None or fill.ndim == 3)
+    check_row_fill(fill, B, share_prefix)
     P = common_prefix(rows, [n_read] * B) if share_prefix and B > 1 else 0
     if P:  # rows are left-padded: each keeps its last n_read real tokens in the suffix
         segments = tree(
@@ -834,7 +888,8 @@ def _decode_step(
 ) -> np.ndarray:
     """Feed one token per row at the cache's slot; the next greedy token of each row.
 
-    tokens (r,), keep (r, L, H) 0 at ablated heads -> (r,) argmax of the next-token logits.
+    tokens (r,), keep (r, L, H) 0 at ablated heads, fill (L, H, E) or per row (L, r, H, E)
+    -> (r,) argmax of the next-token logits.
     """
     config, s = prep.config, cache.slot
     cache.valid[:, s] = True
@@ -843,9 +898,10 @@ def _decode_step(
     )  # positions, mask (r,1,1,S)
     x = _embed(prep, tokens[:, None], inp.positions)  # (r, 1, D)
     for j, lw in enumerate(prep.layers):
-        z, _, _ = _attention_step(lw, x, config, inp.mask, inp.rotary, past=cache.layer(j))
+        mask, rotary = inp.for_layer(config, j)
+        z, _, _ = _attention_step(lw, x, config, mask, rotary, past=cache.layer(j))
         keep_j = None if keep[:, j].all() else keep[:, j]
-        x = _block_rest(lw, x, z, keep_j, None if fill is None else fill[j], config)
+        x = _block_rest(lw, x, z, keep_j, None if fill is None else fill[j], config)  # (r, 1, D)
     cache.slot += 1
     return _greedy(prep, _unembed(prep, x[:, -1], None))  # (r,)
 
@@ -915,12 +971,10 @@ def generate_conditions(
     parent = [b for b in range(B) for _ in drafts[b]]
     cont = [[prompts[b][-1], *d] for b in range(B) for d in drafts[b]]  # (C rows)
     draft_len = [len(c) - 1 for c in cont]
-    heads = [list(p[:-1]) for p in prompts]
-    P = common_prefix(heads, [0] * B) if share_prefix and B > 1 else 0
-    levels = [(*left_pad([h[P:] for h in heads]), None), (*left_pad(cont), parent)]
-    if P:
-        levels = [(*left_pad([heads[0][:P]]), None), (*levels[0][:2], [0] * B), levels[1]]
-    segments = tree(prep, levels)
+    share_prefix = share_prefix and (fill is None or fill.ndim == 3)
+    check_row_fill(fill, B, share_prefix)
+    segments = continuation_tree(prep, prompts, [d for b in range(B) for d in drafts[b]], parent,
+                                 share_prefix)  # fmt: skip
     n_read = segments[-1].ids.shape[1]
     intact = _intact(prep, segments, slice(None), cache)
     conds = [tuple(sorted(c)) for c in conds]
@@ -932,8 +986,9 @@ def generate_conditions(
     for wave in _waves(conds, per_wave):
         final, kv = ablated_tree(prep, intact, wave, fill, keep_kv=True)
         resumes = []
-        for i, c, logits, best in _unembed_drafts(prep, wave, final, real, unembed_rows):
+        for i, c, logits in _unembed_rows(prep, wave, final, real, unembed_rows):
             scored[c] = None if score is None else score(np.split(logits, row_ends))
+            best = _greedy(prep, logits)  # (N,)
             greedy = np.zeros(real.shape, np.int64)  # (C, n) right-aligned; padding never read
             greedy[real] = best
             results[c] = []
@@ -947,18 +1002,77 @@ def generate_conditions(
     return [results[c] for c in conds], [scored[c] for c in conds]
 
 
-def _unembed_drafts(prep, wave, final, real, unembed_rows: int):
-    """Per condition of the wave, in order: (index, condition, logits (N, V) at the draft rows'
-    real positions, their argmax (N,)), computed for a few conditions per unembedding GEMM of
-    at most `unembed_rows` rows (N = real.sum() rows per condition)."""
+def _unembed_rows(prep, wave, final, real, unembed_rows: int):
+    """Per condition of the wave, in order: (index, condition, logits (N, V) at the last
+    segment's real positions), computed for a few conditions per unembedding GEMM of at most
+    `unembed_rows` rows (N = real.sum() rows per condition)."""
     N = int(real.sum())
     per_gemm = max(1, unembed_rows // max(1, N))
     for i0 in range(0, len(wave), per_gemm):
         group = wave[i0 : i0 + per_gemm]
         logits = _unembed(prep, np.concatenate([final[c][real] for c in group]), None)  # (k N, V)
-        best = _greedy(prep, logits)  # (k N,)
         for g, c in enumerate(group):
-            yield i0 + g, c, logits[g * N : (g + 1) * N], best[g * N : (g + 1) * N]
+            yield i0 + g, c, logits[g * N : (g + 1) * N]
+
+
+def continuation_tree(
+    prep: Prepared,
+    contexts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    parent: Sequence[int],
+    share_prefix: bool = True,
+) -> list[Segment]:
+    """The prefix tree of contexts and their continuations (continuation c follows context
+    parent[c]): [the contexts' common prefix] -> each context without its last token -> per
+    continuation, [its context's last token] + its tokens. The last segment's real positions
+    are exactly the ones whose logits score a continuation (the last token of a continuation
+    predicts what follows it)."""
+    B = len(contexts)
+    cont = [[contexts[b][-1], *d] for b, d in zip(parent, continuations)]  # (C rows)
+    heads = [list(p[:-1]) for p in contexts]
+    P = common_prefix(heads, [0] * B) if share_prefix and B > 1 else 0
+    levels = [(*left_pad([h[P:] for h in heads]), None), (*left_pad(cont), list(parent))]
+    if P:
+        levels = [(*left_pad([heads[0][:P]]), None), (*levels[0][:2], [0] * B), levels[1]]
+    return tree(prep, levels)
+
+
+def score_continuations(
+    prep: Prepared,
+    contexts: Sequence[Sequence[int]],
+    continuations: Sequence[Sequence[int]],
+    parent: Sequence[int],
+    conds: Sequence[Condition],
+    fill: np.ndarray | None,
+    score: Callable[[list[np.ndarray]], object],
+    *,
+    share_prefix: bool = True,
+    max_rows: int = 8192,
+    unembed_rows: int = 512,
+    cache: IntactCache | None = None,
+) -> list:
+    """Teacher-forced continuations of shared contexts under every condition: score(logits) per
+    condition, in the given order.
+
+    contexts[b] (non-empty) are token ids; continuation c (non-empty) follows context
+    parent[c]. Each context runs once per condition, however many continuations follow it
+    (`continuation_tree`: a HellaSwag context and its four endings), and the unembedding runs
+    only at the continuation rows' positions. `score` gets a list over continuations c of
+    logits (A_c + 1, V), right-aligned like `localize.scoring`: rows 0..A_c - 1 predict the
+    continuation's tokens (row 0 is at the context's last token), row A_c what follows it.
+    """
+    segments = continuation_tree(prep, contexts, continuations, parent, share_prefix)
+    intact = _intact(prep, segments, slice(None), cache)
+    conds = [tuple(sorted(c)) for c in conds]
+    per_wave = max(1, max_rows // max(1, _tokens(segments)))
+    real = segments[-1].valid  # (C, n)
+    row_ends = np.cumsum(real.sum(axis=1))[:-1]  # where each row's logits end, row-major
+    scored: dict[Condition, object] = {}
+    for wave in _waves(conds, per_wave):
+        final, _ = ablated_tree(prep, intact, wave, fill)
+        for _, c, logits in _unembed_rows(prep, wave, final, real, unembed_rows):
+            scored[c] = score(np.split(logits, row_ends))
+    return [scored[c] for c in conds]
 
 
 def _verify(b, cond, parent, cont, draft_len, greedy, n_read, stop, verify=True):
@@ -997,6 +1111,8 @@ def _decode(prep, segments, kv, wave, resumes, results, draft_len, fill, stop):
         for l, h in wave[rs.cond]:
             keep[i, l, h] = 0.0
     tokens = np.array([rs.token for rs in resumes])  # (r,) fed next (already accepted)
+    if fill is not None and fill.ndim == 4:  # a fill per prompt: each decoding row's own
+        fill = fill[:, [rs.prompt for rs in resumes]]  # (L, r, H, E)
     rows = list(resumes)
     while rows:
         nxt = _decode_step(prep, cache, tokens, keep, fill)  # (r,)
@@ -1009,6 +1125,7 @@ def _decode(prep, segments, kv, wave, resumes, results, draft_len, fill, stop):
         if not live.all():
             cache.keep(live)
             keep, tokens = keep[live], nxt[live]
+            fill = fill if fill is None or fill.ndim == 3 else fill[:, live]
             rows = [rs for rs, ok in zip(rows, live) if ok]
         else:
             tokens = nxt

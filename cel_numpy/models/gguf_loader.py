@@ -1,4 +1,4 @@
-"""GGUF files (llama and qwen2 architectures) -> params, config, tokenizer.
+"""GGUF files (llama, qwen2 and gemma3 architectures) -> params, config, tokenizer.
 
 The `gguf` package reads the header and memory-maps the tensor data; `gguf.quants.dequantize`
 turns Q4_1, Q8_0, F16, ... blocks into float32. We dequantize one tensor at a time, in chunks
@@ -23,7 +23,7 @@ each other (`weights.check_tensors`), before any weight is read.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,8 @@ from cel_numpy.errors import ModelFileError
 from cel_numpy.models.config import ConfigError, ModelConfig
 from cel_numpy.models.weights import TensorHeader, build_params, check_tensors
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "gemma3")
+GEMMA3_GLOBAL_EVERY = 6  # llama.cpp and transformers: layers 5, 11, 17, ... attend globally
 CHUNK_ELEMENTS = 1 << 20  # dequantize ~1M weights (4 MB of float32) at a time
 HINT = (
     "the file may be truncated or damaged: delete it and download it again "
@@ -66,7 +67,7 @@ def _reader_class():
 
     GGUFReader slices an np.memmap once per metadata item (~250k slices for a 49k-token
     vocabulary) and the memmap subclass's per-slice bookkeeping dominates: a plain ndarray
-    view of the same mapping (no copy) opens the SmolLM2 file ~2.5x faster.
+    view of the same mapping (no copy) opens a large-vocabulary file several times faster.
     """
     from gguf import GGUFReader, GGUFValueType
 
@@ -269,6 +270,8 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
             name=str(path),
             arch=arch,
         )
+        if arch == "gemma3":
+            config = _gemma3_fields(reader, config)
     except KeyError as err:
         raise ModelFileError(
             f"{path}: missing GGUF metadata ({err.args[0] if err.args else err}); {HINT}"
@@ -286,6 +289,30 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
             f"{path}: unreadable GGUF metadata ({type(err).__name__}: {err}); {HINT}"
         ) from None
     return config
+
+
+def _gemma3_fields(reader, config: ModelConfig) -> ModelConfig:
+    """The Gemma 3 fields of a gemma3 GGUF (see config.py).
+
+    The file states the sliding window; the layer pattern (every 6th layer global), the local
+    rotary base (10k) and the query scale (1/sqrt(head size) for this size) are not stored:
+    llama.cpp hard-codes them for gemma3 and transformers takes the same defaults. The norm
+    weights in the file are already the multipliers 1 + w.
+    """
+    from cel_numpy.models.config import gemma3_layer_types
+
+    types = gemma3_layer_types(config.n_layers, GEMMA3_GLOBAL_EVERY)
+    return replace(
+        config,
+        mlp_act="gelu_tanh",
+        embed_scale=math.sqrt(config.d_model),
+        query_scale=float(config.d_head),
+        qk_norm=True,
+        sandwich_norms=True,
+        local_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
+        sliding_window=int(_field(reader, "gemma3.attention.sliding_window")),
+        rope_local_base=_float32_field(_field(reader, "gemma3.rope.freq_base_swa", 10000.0)),
+    )
 
 
 @dataclass(frozen=True)
@@ -354,6 +381,22 @@ def _filename(tensor) -> str:
     return base.filename
 
 
+def tokenizer_from_gguf(reader):
+    """The tokenizer a GGUF file describes: byte-level BPE (tokenizer model 'gpt2') or
+    SentencePiece-style BPE with byte fallback (model 'llama', Gemma: `sentencepiece.py`)."""
+    from cel_numpy.models.tokenizer import BPETokenizer, gguf_field
+
+    try:
+        model = gguf_field(reader, "tokenizer.ggml.model", default="gpt2")
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
+        model = None  # a damaged field: the constructor names the file and the problem
+    if model == "llama":
+        from cel_numpy.models.sentencepiece import SentencePieceTokenizer
+
+        return SentencePieceTokenizer.from_gguf_fields(reader)
+    return BPETokenizer.from_gguf_fields(reader)
+
+
 def load_gguf(
     path: Path, dtype, check_config=lambda config: None, check_tokenizer=lambda t, config: None
 ):
@@ -368,9 +411,7 @@ def load_gguf(
     check_tensors(config, "gguf", tensor_headers(reader), str(path))
     tokenizer = None
     if "tokenizer.ggml.tokens" in reader.fields:
-        from cel_numpy.models.tokenizer import BPETokenizer
-
-        tokenizer = BPETokenizer.from_gguf_fields(reader)
+        tokenizer = tokenizer_from_gguf(reader)
     check_tokenizer(tokenizer, config)
     infos = {t.name: TensorInfo.of(t) for t in reader.tensors}
     del reader

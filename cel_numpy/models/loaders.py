@@ -43,7 +43,8 @@ from cel_numpy.limits import as_path, read_json, require_regular_file
 from cel_numpy.models.config import ConfigError, ModelConfig
 from cel_numpy.models.weights import TensorHeader, build_params, check_tensors
 
-KNOWN_NAMES = ("smollm2", "qwen2.5-coder-0.5b")  # names load_model fetches (cel_numpy.models.fetch)
+# names load_model fetches (cel_numpy.models.fetch)
+KNOWN_NAMES = ("smollm2", "qwen2.5-coder-0.5b", "gemma-3-270m")
 
 # --------------------------------------------------------------------------- entry point
 

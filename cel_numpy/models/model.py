@@ -18,7 +18,9 @@ Under grouped-query attention one query head is removed; the key/value group it 
 (other heads use it).
   - zero: z_h = 0.
   - mean: z_h = mean of z_h over every non-pad position of a reference batch, computed with the
-    intact model (one vector per head, the same at every position) -- `mean_z`.
+    intact model (one vector per head, the same at every position) -- `mean_z`. A mean_z of
+    shape (L, B, H, E) gives every batch row its own vector: resample ablation passes, per row,
+    the mean z of another item's prompt (`row_mean_z`; donors: `cel_numpy.localize.resample`).
 """
 
 from __future__ import annotations
@@ -284,6 +286,28 @@ class Model:
             count += int(chunk_mask.sum())
         return (total / count).astype(self.dtype)
 
+    def row_mean_z(self, reference, *, batch_size: int = 32) -> np.ndarray:
+        """Per row of `reference`, each head's mean z over that row's non-pad positions, intact
+        model: (L, N, H, E), in the row order given (what resample ablation fills in)."""
+        ids, mask = self.as_batch(reference)
+        c = self.config
+        out = np.zeros((c.n_layers, ids.shape[0], c.n_heads, c.d_head), dtype=np.float64)
+        for start in range(0, ids.shape[0], batch_size):
+            chunk_ids, chunk_mask = (
+                ids[start : start + batch_size],
+                mask[start : start + batch_size],
+            )
+            inputs = prepare_inputs(c, chunk_mask, chunk_ids.shape[1], self.dtype)
+            x = embed(self.params, c, chunk_ids, inputs.positions)  # (B, T, D)
+            valid = chunk_mask.astype(self.dtype)  # (B, T)
+            count = valid.sum(axis=1)[:, None, None]  # (B, 1, 1)
+            for layer in range(c.n_layers):  # one layer at a time: only z is kept
+                x, caches, _ = blocks_forward(self.params, c, x, inputs, range(layer, layer + 1))
+                z = caches[layer].attn.z  # (B, H, T, E)
+                rows = slice(start, start + len(chunk_ids))
+                out[layer, rows] = np.einsum("bhte,bt->bhe", z, valid) / count  # (B, H, E)
+        return out.astype(self.dtype)
+
     def intervention(self, ablate=None, ablation: str = "zero", reference=None, mean_z=None):
         """(head_mask (L, H) or None, head_fill (L, H, E) or None) for an ablation spec."""
         if ablation not in ABLATIONS:
@@ -296,7 +320,8 @@ class Model:
     def ablation_fill(
         self, ablation: str = "zero", reference=None, mean_z=None
     ) -> np.ndarray | None:
-        """What a removed head's z becomes: None (zero ablation) or mean_z (L, H, E) (mean)."""
+        """What a removed head's z becomes: None (zero ablation) or mean_z (mean): (L, H, E),
+        or (L, B, H, E) with one vector per batch row (resample ablation)."""
         if ablation not in ABLATIONS:
             raise UserError(f"ablation must be one of {', '.join(ABLATIONS)}, got {ablation!r}")
         if ablation == "zero":
@@ -309,10 +334,13 @@ class Model:
                 )
             mean_z = self.mean_z(reference)
         c = self.config
-        if np.shape(mean_z) != (c.n_layers, c.n_heads, c.d_head):
+        shape = np.shape(mean_z)
+        if shape != (c.n_layers, c.n_heads, c.d_head) and (
+            len(shape) != 4 or shape[::2] != (c.n_layers, c.n_heads) or shape[3] != c.d_head
+        ):
             raise ValueError(
-                f"mean_z must be (L, H, E) = {(c.n_layers, c.n_heads, c.d_head)}, "
-                f"got {np.shape(mean_z)}"
+                f"mean_z must be (L, H, E) = {(c.n_layers, c.n_heads, c.d_head)} or per row "
+                f"(L, B, H, E), got {shape}"
             )
         return np.asarray(mean_z, dtype=self.dtype)
 

@@ -8,6 +8,10 @@
              MLP = GELU-tanh(x W_in + b_in) W_out + b_out
       llama: RMSNorm, rotary on q and k, grouped-query attention,
              MLP = (silu(x W_gate) * (x W_in)) W_out
+      gemma3 (llama family): x_0 scaled by sqrt(D); q and k RMS-normed per head; sandwich norms
+             x = x + ln1_post(attn(ln1(x)));  x = x + ln2_post(mlp(ln2(x)));
+             MLP = (gelu_tanh(x W_gate) * (x W_in)) W_out; local layers attend through a sliding
+             window with their own rotary base (ForwardInputs.for_layer)
 
 The attention is `cel_numpy.attention.attention_forward`, the same function the theory model
 trains with; the norms and activations come from `cel_numpy.ops`.
@@ -19,6 +23,8 @@ Parameters are a nested dict with TransformerLens names (flatten with `flatten_p
                                                 W_O (H,E,D), b_*}
     blocks[l].ln2.w (D,) [.b]   blocks[l].mlp.{W_in (D,F), W_gate (D,F) llama, W_out (F,D),
                                                b_in, b_out}
+    gemma3 also: blocks[l].attn.q_norm.w (E,), .attn.k_norm.w (E,), .ln1_post.w (D,),
+                 .ln2_post.w (D,)
     ln_final.w (D,) [.b]        unembed.W_U (D, V) (a transposed view of W_E when tied) [b_U (V,)]
 
 Pieces for a performance pass: `prepare_inputs` builds positions, masks and rotary tables once;
@@ -46,6 +52,8 @@ from cel_numpy.attention import (
 from cel_numpy.errors import PromptError
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.ops import gelu_forward, layer_norm_forward, rms_norm_forward, silu_forward
+
+GATE_ACTIVATIONS = {"silu": silu_forward, "gelu_tanh": gelu_forward}  # config.mlp_act -> op
 
 # --------------------------------------------------------------------------- parameters
 
@@ -101,11 +109,32 @@ class ForwardInputs:
     mask: np.ndarray  # (B, 1, T, S) bool: True = may attend (causal, no padding keys)
     rotary: Rotary | None  # cos/sin (B, 1, T, E/2) in the model dtype; None for gpt2
     n_past: int  # S - T key positions come from the KV cache
+    local_mask: np.ndarray | None = None  # (B, 1, T, S) mask within the sliding window (gemma3)
+    local_rotary: Rotary | None = None  # rotary tables of the local base (gemma3)
+
+    def for_layer(self, config: ModelConfig, layer: int) -> tuple[np.ndarray, Rotary | None]:
+        """(mask, rotary) of `layer`: the sliding-window ones for a local layer."""
+        if config.is_local(layer):
+            return self.local_mask, self.local_rotary
+        return self.mask, self.rotary
+
+
+def sliding_window_mask(mask: np.ndarray, key_valid: np.ndarray, window: int) -> np.ndarray:
+    """mask (B, 1, T, S) -> the same mask keeping only keys less than `window` positions back.
+
+    Positions count real tokens (as for rotary), so padding between a row's segments does not
+    narrow the window: key s is kept iff pos(t) - pos(s) < window.
+    """
+    S, T = key_valid.shape[1], mask.shape[2]
+    key_pos = np.cumsum(key_valid, axis=1) - 1  # (B, S) position of each real key
+    query_pos = key_pos[:, S - T :]  # (B, T)
+    near = (query_pos[:, :, None] - key_pos[:, None, :]) < window  # (B, T, S)
+    return mask & near[:, None]  # (B, 1, T, S); a query's own position stays (0 < window)
 
 
 def prepare_inputs(config: ModelConfig, attention_mask: np.ndarray, T: int, dtype) -> ForwardInputs:
     """attention_mask (B, S) over past + current tokens -> positions, mask, rotary for the
-    last T."""
+    last T (and for local layers, gemma3, the sliding-window mask and local rotary)."""
     valid = np.asarray(attention_mask).astype(bool)  # (B, S)
     B, S = valid.shape
     if S < T:
@@ -117,22 +146,31 @@ def prepare_inputs(config: ModelConfig, attention_mask: np.ndarray, T: int, dtyp
             "shorten the prompt (or lower max_new_tokens)"
         )
     mask = padded_causal_mask(valid, T)  # (B, 1, T, S)
-    rotary = None
+    rotary = local_mask = local_rotary = None
     if config.family == "llama":
         rotary = rotary_tables(positions, config.d_head, config.rope_base, dtype=dtype)
-    return ForwardInputs(positions=positions, mask=mask, rotary=rotary, n_past=S - T)
+    if config.local_layers:
+        local_mask = sliding_window_mask(mask, valid, config.sliding_window)  # (B, 1, T, S)
+        local_rotary = rotary_tables(positions, config.d_head, config.rope_local_base, dtype=dtype)
+    return ForwardInputs(
+        positions=positions, mask=mask, rotary=rotary, n_past=S - T,
+        local_mask=local_mask, local_rotary=local_rotary,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- pieces
 
 
 def embed(params: dict, config: ModelConfig, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """ids (B, T) int -> x (B, T, D): token embedding (+ learned position embedding for gpt2)."""
+    """ids (B, T) int -> x (B, T, D): token embedding (+ learned position embedding for gpt2),
+    times config.embed_scale (sqrt(D) for gemma3)."""
     if ids.size and (ids.min() < 0 or ids.max() >= config.vocab_size):
         raise ValueError(
             f"token ids must be in [0, {config.vocab_size}), got range [{ids.min()}, {ids.max()}]"
         )
     x = params["embed"]["W_E"][ids]  # (B, T, D)
+    if config.embed_scale != 1.0:
+        x *= config.embed_scale  # a Python float: float32 stays float32, as HF rounds it
     if config.family == "gpt2":
         x = x + params["pos_embed"]["W_pos"][positions]  # (B, T, D)
     return x
@@ -155,7 +193,7 @@ def _matmul(x: np.ndarray, W: np.ndarray, b: np.ndarray | None = None) -> np.nda
 
 @dataclass(frozen=True)
 class MLPActivations:
-    pre: np.ndarray  # (B, T, F) input of the nonlinearity: x W_in + b_in (gpt2), x W_gate (llama)
+    pre: np.ndarray  # (B, T, F) input of the nonlinearity: x W_in + b_in (gpt2), x W_gate (gated)
     up: np.ndarray | None  # (B, T, F) x W_in (llama only, multiplies the gate)
     post: np.ndarray  # (B, T, F) what W_out reads
 
@@ -169,7 +207,7 @@ def mlp_forward(p: dict, x: np.ndarray, config: ModelConfig):
     else:
         pre = _matmul(x, p["W_gate"], p.get("b_gate"))  # (B, T, F)
         up = _matmul(x, p["W_in"], p.get("b_in"))  # (B, T, F)
-        gate, _ = silu_forward(pre)
+        gate, _ = GATE_ACTIVATIONS[config.mlp_act](pre)
         post = gate * up  # (B, T, F)
     out = _matmul(post, p["W_out"], p.get("b_out"))  # (B, T, D)
     return out, MLPActivations(pre=pre, up=up, post=post)
@@ -182,12 +220,14 @@ class BlockCache:
     resid_pre: np.ndarray  # (B, T, D)
     ln1_out: np.ndarray  # (B, T, D) what attention reads
     attn: AttentionCache  # q (B,H,T,E), k/v (B,G,S,E), probs (B,H,T,S), z (B,H,T,E), z_masked
-    attn_out: np.ndarray  # (B, T, D)
+    attn_out: np.ndarray  # (B, T, D) what is added to the residual stream
     resid_mid: np.ndarray  # (B, T, D)
     ln2_out: np.ndarray  # (B, T, D) what the MLP reads
     mlp: MLPActivations
-    mlp_out: np.ndarray  # (B, T, D)
+    mlp_out: np.ndarray  # (B, T, D) what is added to the residual stream
     resid_post: np.ndarray  # (B, T, D)
+    attn_out_raw: np.ndarray | None = None  # (B, T, D) z W_O before ln1_post (sandwich norms)
+    mlp_out_raw: np.ndarray | None = None  # (B, T, D) post W_out before ln2_post (sandwich norms)
 
 
 def block_forward(
@@ -199,25 +239,37 @@ def block_forward(
     head_mask: np.ndarray | None = None,
     head_fill: np.ndarray | None = None,
     past_kv: tuple[np.ndarray, np.ndarray] | None = None,
+    layer: int = 0,
 ):
     """One pre-norm block.  x (B, T, D) -> (B, T, D), BlockCache.
 
     head_mask (H,) multiplies each head's z before W_O; head_fill (H, E) replaces a removed
-    head (mean ablation). past_kv = (k, v), each (B, G, S_past, E).
+    head (mean ablation). past_kv = (k, v), each (B, G, S_past, E). `layer` picks the mask and
+    rotary tables (local or global, gemma3).
     """
+    mask, rotary = inputs.for_layer(config, layer)
     ln1_out, _ = norm_forward(p["ln1"], x, config)  # (B, T, D)
     attn_out, attn = attention_forward(
         p["attn"],
         ln1_out,
-        mask=inputs.mask,
-        rotary=inputs.rotary,
+        mask=mask,
+        rotary=rotary,
         head_mask=head_mask,
         head_fill=head_fill,
         past_kv=past_kv,
+        scale=config.attn_scale,
+        norm_eps=config.norm_eps,
     )  # (B, T, D)
+    attn_out_raw = mlp_out_raw = None
+    if config.sandwich_norms:
+        attn_out_raw = attn_out
+        attn_out, _ = norm_forward(p["ln1_post"], attn_out_raw, config)  # (B, T, D)
     resid_mid = x + attn_out  # (B, T, D)
     ln2_out, _ = norm_forward(p["ln2"], resid_mid, config)  # (B, T, D)
     mlp_out, mlp = mlp_forward(p["mlp"], ln2_out, config)  # (B, T, D)
+    if config.sandwich_norms:
+        mlp_out_raw = mlp_out
+        mlp_out, _ = norm_forward(p["ln2_post"], mlp_out_raw, config)  # (B, T, D)
     resid_post = resid_mid + mlp_out  # (B, T, D)
     cache = BlockCache(
         resid_pre=x,
@@ -229,6 +281,8 @@ def block_forward(
         mlp=mlp,
         mlp_out=mlp_out,
         resid_post=resid_post,
+        attn_out_raw=attn_out_raw,
+        mlp_out_raw=mlp_out_raw,
     )
     return resid_post, cache
 
@@ -269,6 +323,7 @@ def blocks_forward(
             head_mask=hm,
             head_fill=fill,
             past_kv=None if past is None else past[layer],
+            layer=layer,
         )
         kv[layer] = (cache.attn.k, cache.attn.v)
         if keep_activations:
@@ -304,12 +359,14 @@ _BLOCK_NAMES = {
     "attn.pattern": lambda c: c.attn.probs,  # (B, H, T, S)
     "attn.z": lambda c: c.attn.z,  # (B, H, T, E) per-head output before ablation
     "attn.z_ablated": lambda c: c.attn.z_masked,  # (B, H, T, E) what W_O reads
+    "attn.out_raw": lambda c: c.attn_out_raw,  # (B, T, D) before ln1_post (gemma3 only)
     "attn.out": lambda c: c.attn_out,  # (B, T, D)
     "resid_mid": lambda c: c.resid_mid,  # (B, T, D)
     "ln2.out": lambda c: c.ln2_out,  # (B, T, D)
     "mlp.pre": lambda c: c.mlp.pre,  # (B, T, F)
     "mlp.up": lambda c: c.mlp.up,  # (B, T, F) llama only
     "mlp.post": lambda c: c.mlp.post,  # (B, T, F)
+    "mlp.out_raw": lambda c: c.mlp_out_raw,  # (B, T, D) before ln2_post (gemma3 only)
     "mlp.out": lambda c: c.mlp_out,  # (B, T, D)
     "resid_post": lambda c: c.resid_post,  # (B, T, D)
 }
@@ -360,8 +417,13 @@ class ForwardCache:
         raise KeyError(f"unknown activation {name!r}; see ForwardCache.names()")
 
     def names(self) -> list[str]:
+        """The activations this forward has (e.g. "mlp.up" only for gated MLPs, "attn.out_raw"
+        only with sandwich norms)."""
         out = ["embed", "positions", "attention_mask"]
-        out += [f"blocks.{l}.{n}" for l in range(len(self.blocks)) for n in _BLOCK_NAMES]
+        here = [
+            n for n in _BLOCK_NAMES if self.blocks and _BLOCK_NAMES[n](self.blocks[0]) is not None
+        ]
+        out += [f"blocks.{l}.{n}" for l in range(len(self.blocks)) for n in here]
         return out + ["ln_final.out", "logits"]
 
     def stack(self, name: str) -> np.ndarray:
@@ -391,7 +453,8 @@ def transformer_forward(
     """ids (B, T) int -> logits (B, T, V), ForwardCache.
 
     attention_mask (B, S) covers the S = S_past + T positions (ones when None and no past).
-    head_mask (L, H): 1 keeps a head, 0 removes it (z_h -> head_fill[l, h], zero when None).
+    head_mask (L, H): 1 keeps a head, 0 removes it (z_h -> head_fill[l, h], zero when None);
+    head_fill (L, H, E), or (L, B, H, E) for a fill per batch row (resample ablation).
     past: the previous call's `cache.kv`. logit_positions selects query positions to unembed
     (slice(-1, None) for next-token logits); logit_columns selects vocabulary entries.
     """
@@ -411,9 +474,13 @@ def transformer_forward(
     L, H = config.n_layers, config.n_heads
     if head_mask is not None and np.shape(head_mask) != (L, H):
         raise ValueError(f"head_mask must be (L, H) = {(L, H)}, got {np.shape(head_mask)}")
-    if head_fill is not None and np.shape(head_fill) != (L, H, config.d_head):
+    if head_fill is not None and np.shape(head_fill) not in (
+        (L, H, config.d_head),
+        (L, B, H, config.d_head),
+    ):
         raise ValueError(
-            f"head_fill must be (L, H, E) = {(L, H, config.d_head)}, got {np.shape(head_fill)}"
+            f"head_fill must be (L, H, E) = {(L, H, config.d_head)} or per row (L, B, H, E), "
+            f"got {np.shape(head_fill)}"
         )
     dtype = params_dtype(params)
     inputs = prepare_inputs(config, attention_mask, T, dtype)

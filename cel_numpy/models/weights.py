@@ -63,7 +63,11 @@ def permute_rotary_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, E // 2, D).swapaxes(1, 2).reshape(rows, D)
 
 
-GGUF_ROTATE_HALF_ARCHS = ("qwen2",)  # GGUF architectures stored without the Q/K row permutation
+# GGUF architectures stored without the Q/K row permutation
+GGUF_ROTATE_HALF_ARCHS = ("qwen2", "gemma3")
+# Architectures whose RMSNorm multiplies by (1 + w): Hugging Face stores w, we (and llama.cpp's
+# GGUF converter, which adds the 1) store the multiplier 1 + w.
+NORM_PLUS_ONE_ARCHS = ("gemma3",)
 
 
 def weight_table(config: ModelConfig, fmt: str) -> list[WeightSpec]:
@@ -94,6 +98,12 @@ def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
     unperm_q = (lambda w: unpermute_rotary_rows(w, H)) if gguf else _identity
     unperm_k = (lambda w: unpermute_rotary_rows(w, G)) if gguf else _identity
     q_heads, kv_heads = _linear_heads(H, E, D), _linear_heads(G, E, D)
+    plus_one = fmt == "hf" and c.arch in NORM_PLUS_ONE_ARCHS
+    # checkpoint norm weight -> multiplier, added in float64 (1 + w in float32 would round w)
+    norm = (lambda w: w.astype(np.float64) + 1.0) if plus_one else _identity
+    # Gemma's four block norms: its post_attention_layernorm follows attention (our ln1_post),
+    # and pre_feedforward_layernorm is what Llama calls post_attention_layernorm (our ln2).
+    hf_ln2 = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
     table = [
         WeightSpec(
             "embed.W_E",
@@ -104,9 +114,7 @@ def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
             (V, D),
             _identity,
         ),
-        WeightSpec(
-            "ln_final.w", "model.norm.weight", "output_norm.weight", None, (D,), (D,), _identity
-        ),
+        WeightSpec("ln_final.w", "model.norm.weight", "output_norm.weight", None, (D,), (D,), norm),
     ]
     if not c.tied_embeddings:
         table.append(
@@ -124,7 +132,7 @@ def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
                 None,
                 (D,),
                 (D,),
-                _identity,
+                norm,
             ),
             WeightSpec(
                 b + "attn.W_Q",
@@ -163,13 +171,7 @@ def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
                 lambda w: w.T.reshape(H, E, D),
             ),
             WeightSpec(
-                b + "ln2.w",
-                hf + "post_attention_layernorm.weight",
-                gg + "ffn_norm.weight",
-                None,
-                (D,),
-                (D,),
-                _identity,
+                b + "ln2.w", hf + hf_ln2 + ".weight", gg + "ffn_norm.weight", None, (D,), (D,), norm
             ),
             WeightSpec(
                 b + "mlp.W_gate",
@@ -199,6 +201,40 @@ def _llama_table(c: ModelConfig, fmt: str) -> list[WeightSpec]:
                 np.transpose,
             ),
         ]
+        if c.sandwich_norms:
+            table += [
+                WeightSpec(
+                    b + "ln1_post.w",
+                    hf + "post_attention_layernorm.weight",
+                    gg + "post_attention_norm.weight",
+                    None,
+                    (D,),
+                    (D,),
+                    norm,
+                ),
+                WeightSpec(
+                    b + "ln2_post.w",
+                    hf + "post_feedforward_layernorm.weight",
+                    gg + "post_ffw_norm.weight",
+                    None,
+                    (D,),
+                    (D,),
+                    norm,
+                ),
+            ]
+        if c.qk_norm:
+            table += [
+                WeightSpec(
+                    b + f"attn.{n}_norm.w",
+                    hf + f"self_attn.{n}_norm.weight",
+                    gg + f"attn_{n}_norm.weight",
+                    None,
+                    (E,),
+                    (E,),
+                    norm,
+                )
+                for n in ("q", "k")
+            ]
         if c.attn_bias or c.qkv_bias:
             table += [
                 WeightSpec(

@@ -49,6 +49,23 @@ class Item:
         return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class AnswerContext:
+    """What an item's answers are compared with when a change of verdict is classified
+    (`cel_numpy.tasks.changes`). A task may provide `answer_context(item)`; otherwise the query
+    and shots are unknown and the reference is the only accepted answer."""
+
+    query: str  # the looked-up key as the prompt shows it ("wet", "Cuba"); "" if none
+    shot_answers: tuple[str, ...]  # the answers of the prompt's solved examples, in order
+    accepted: tuple[str, ...]  # every answer the scorer accepts, the reference first
+
+
+def answer_context(task, item: Item) -> AnswerContext:
+    """The task's `answer_context(item)` if it has one, else (no query, no shots, the answer)."""
+    own = getattr(task, "answer_context", None)
+    return own(item) if own is not None else AnswerContext("", (), (item.answer,))
+
+
 class Task(Protocol):
     name: str
     scoring: Scoring
@@ -59,6 +76,8 @@ class Task(Protocol):
     # evaluator writes in the model's chat template with the generation prompt.
     # Optional: `stop` ("newline" default, or "end_of_turn"): where a generated answer ends
     # (`cel_numpy.localize.scoring.stop_rule`).
+    # Optional: `answer_context(item) -> AnswerContext` (query, shot answers, every accepted
+    # answer), used to classify rescued and damaged items (`cel_numpy.tasks.changes`).
 
     def sample(self, rng: np.random.Generator, n: int) -> list[Item]:
         """n items (may repeat; panels de-duplicate by `Item.id`)."""

@@ -27,8 +27,8 @@ antonyms 2 * 184 directed queries * 183 * 182 * 181 (each cluster: 151 * 150 * 1
 
 from __future__ import annotations
 
-from cel_numpy.tasks.base import Item
-from cel_numpy.tasks.template import TemplateTask, n_arrangements, unrank_arrangement
+from cel_numpy.tasks.base import AnswerContext, Item
+from cel_numpy.tasks.template import TemplateTask, first_line, n_arrangements, unrank_arrangement
 
 CAPITALS = (
     # Europe
@@ -88,6 +88,12 @@ CAPITALS = (
     ("Papua New Guinea", "Port Moresby"), ("Samoa", "Apia"), ("Vanuatu", "Port Vila"),
     ("Solomon Islands", "Honiara"), ("Marshall Islands", "Majuro"), ("Micronesia", "Palikir"),
     ("Tuvalu", "Funafuti"),
+    # Added with the several-answers scorer (CAPITAL_ALTERNATIVES): a capital the country
+    # sources list more than once, or spell with diacritics (the shot shows the ASCII form)
+    ("South Africa", "Pretoria"), ("Switzerland", "Bern"), ("Brazil", "Brasilia"),
+    ("Paraguay", "Asuncion"), ("Cameroon", "Yaounde"), ("Colombia", "Bogota"),
+    ("Costa Rica", "San Jose"), ("Togo", "Lome"), ("Moldova", "Chisinau"), ("Maldives", "Male"),
+    ("Andorra", "Andorra la Vella"), ("Tonga", "Nuku'alofa"), ("Turkmenistan", "Ashgabat"),
 )  # fmt: skip
 
 ANTONYMS = (
@@ -141,7 +147,156 @@ ANTONYMS = (
     ("trust", "distrust"), ("boy", "girl"), ("husband", "wife"), ("brother", "sister"),
     ("father", "mother"), ("king", "queen"), ("son", "daughter"), ("uncle", "aunt"),
     ("nephew", "niece"), ("mortal", "immortal"), ("finite", "infinite"), ("sane", "insane"),
+    # Added for cluster-disjoint folds: WordNet 3.0 antonym pairs in which each word has this
+    # one antonym only (scripts/lookup_sources.py), chosen by hand among the most frequent
+    ("give", "take"), ("come", "go"), ("man", "woman"), ("arrive", "leave"),
+    ("former", "latter"), ("quickly", "slowly"), ("hide", "show"), ("child", "parent"),
+    ("absence", "presence"), ("strength", "weakness"), ("shout", "whisper"),
+    ("contract", "expand"), ("despair", "hope"), ("actual", "potential"),
+    ("northern", "southern"), ("danger", "safety"), ("absolute", "relative"),
+    ("often", "rarely"), ("mental", "physical"), ("forbid", "permit"),
+    ("conservative", "liberal"), ("abstract", "concrete"), ("extraordinary", "ordinary"),
+    ("sleep", "wake"), ("adequate", "inadequate"), ("difficulty", "ease"),
+    ("criticize", "praise"), ("smart", "stupid"), ("heavily", "lightly"), ("gross", "net"),
+    ("primary", "secondary"), ("loudly", "softly"), ("best", "worst"),
+    ("strengthen", "weaken"), ("objective", "subjective"), ("likely", "unlikely"),
+    ("eastern", "western"), ("useful", "useless"), ("deposit", "withdraw"),
+    ("privately", "publicly"), ("fortunate", "unfortunate"), ("definite", "indefinite"),
+    ("conscious", "unconscious"), ("competition", "cooperation"), ("aware", "unaware"),
+    ("analysis", "synthesis"), ("stable", "unstable"), ("personal", "impersonal"),
+    ("leader", "follower"), ("expected", "unexpected"), ("directly", "indirectly"),
+    ("complicate", "simplify"), ("approval", "disapproval"), ("pleasant", "unpleasant"),
+    ("humble", "proud"), ("greater", "lesser"), ("upward", "downward"),
+    ("continue", "discontinue"), ("capable", "incapable"), ("acceptance", "rejection"),
+    ("necessary", "unnecessary"), ("patience", "impatience"), ("guilt", "innocence"),
+    ("order", "disorder"), ("constructive", "destructive"), ("simplicity", "complexity"),
+    ("agreement", "disagreement"),
 )  # fmt: skip
+
+# Every other right answer the scorer accepts, per query, written by scripts/lookup_sources.py:
+# for an antonym, the other words WordNet 3.0 lists as its antonym in either direction (any
+# sense; for adjectives every lemma of the antonym's synset: narrow -> broad); for a country,
+# every other capital the two country sources list, and their spelling with diacritics.
+# The table's own answer is always the reference (what a shot shows, what is teacher-forced).
+ANTONYM_ALTERNATIVES = {
+    "absolute": ("comparative",),
+    "accept": ("refuse",),
+    "actual": ("possible",),
+    "adequate": ("unequal",),
+    "admit": ("exclude", "reject"),
+    "advance": ("back", "recede"),
+    "all": ("no", "some"),
+    "aware": ("incognizant",),
+    "big": ("little",),
+    "bottom": ("side",),
+    "certain": ("incertain", "unsure"),
+    "clean": ("contaminating", "impure", "soiled", "unclean"),
+    "complete": ("uncomplete",),
+    "correct": ("falsify", "wrong"),
+    "credit": ("cash",),
+    "dead": ("live", "living"),
+    "defend": ("prosecute",),
+    "deny": ("allow",),
+    "dependent": ("main",),
+    "direct": ("alternating", "inverse", "retrograde"),
+    "dirty": ("uncontaminating", "unobjectionable"),
+    "dishonest": ("honorable",),
+    "divide": ("unite",),
+    "downstairs": ("upstair",),
+    "dry": ("lactating", "phlegmy", "sweet"),
+    "early": ("later", "middle"),
+    "empty": ("fill",),
+    "even": ("uneven",),
+    "exclude": ("admit",),
+    "exit": ("enter",),
+    "expensive": ("inexpensive",),
+    "fail": ("manage", "succeed"),
+    "fair": ("foul", "unjust"),
+    "far": ("close", "nigh"),
+    "female": ("androgynous",),
+    "first": ("second",),
+    "follow": ("precede",),
+    "forget": ("mind",),
+    "forward": ("reverse",),
+    "friend": ("foe",),
+    "full": ("thin",),
+    "future": ("present",),
+    "good": ("evil",),
+    "gross": ("nett",),
+    "guilty": ("guiltless",),
+    "happy": ("unhappy",),
+    "honest": ("dishonorable",),
+    "horizontal": ("inclined", "perpendicular"),
+    "inadequate": ("equal",),
+    "incorrect": ("right",),
+    "independent": ("subordinate",),
+    "invisible": ("seeable",),
+    "late": ("middle",),
+    "lead": ("deficit",),
+    "logical": ("unlogical",),
+    "loose": ("compact",),
+    "lose": ("find", "keep", "profit"),
+    "loser": ("achiever",),
+    "loss": ("gain",),
+    "loud": ("soft",),
+    "lucky": ("luckless",),
+    "major": ("nonaged", "underage"),
+    "male": ("androgynous",),
+    "maximum": ("minimal",),
+    "minimum": ("maximal",),
+    "modern": ("nonmodern",),
+    "most": ("fewest",),
+    "multiply": ("singly",),
+    "narrow": ("broad", "widen"),
+    "necessary": ("unneeded",),
+    "negative": ("affirmative", "affirmatory", "confirming", "neutral"),
+    "never": ("ever",),
+    "no": ("all", "some"),
+    "on": ("cancelled",),
+    "out": ("safe",),
+    "past": ("present",),
+    "permanent": ("impermanent",),
+    "polite": ("impolite",),
+    "positive": ("disconfirming", "neutral"),
+    "potential": ("existent",),
+    "present": ("future", "past"),
+    "profit": ("lose",),
+    "quiet": ("active", "noisy", "unquiet"),
+    "reject": ("admit",),
+    "reward": ("penalty",),
+    "rich": ("lean",),
+    "sad": ("glad",),
+    "safe": ("out", "unsafe"),
+    "sink": ("source",),
+    "sit": ("lie",),
+    "small": ("large",),
+    "smooth": ("bumpy", "jolting", "jolty", "jumpy", "rocky", "roughen", "unsmooth"),
+    "stand": ("lie", "yield"),
+    "subjective": ("nonsubjective",),
+    "thin": ("fat", "full", "thicken"),
+    "tight": ("leaky",),
+    "top": ("side",),
+    "trust": ("mistrust",),
+    "unaware": ("cognisant", "cognizant"),
+    "uncertain": ("sure",),
+    "unfair": ("just",),
+    "upstairs": ("downstair",),
+    "useless": ("utile",),
+    "vertical": ("inclined",),
+    "visible": ("unseeable",),
+}
+
+CAPITAL_ALTERNATIVES = {
+    "South Africa": ("Bloemfontein", "Cape Town"),
+    "Brazil": ("Brasília",),
+    "Paraguay": ("Asunción",),
+    "Cameroon": ("Yaoundé",),
+    "Colombia": ("Bogotá",),
+    "Costa Rica": ("San José",),
+    "Togo": ("Lomé",),
+    "Moldova": ("Chișinău",),
+    "Maldives": ("Malé",),
+}
 
 N_SHOTS = 3
 
@@ -153,13 +308,37 @@ class FewShotLookup(TemplateTask):
     subtasks = ("lookup",)
 
     def __init__(
-        self, name: str, pairs: tuple, separator: str, both_directions: bool, max_new_tokens: int
+        self,
+        name: str,
+        pairs: tuple,
+        separator: str,
+        both_directions: bool,
+        max_new_tokens: int,
+        alternatives: dict[str, tuple[str, ...]],
     ):
         self.name = name
         self.pairs = pairs
         self.separator = separator  # between key and value, e.g. ":" or " ->"; a space follows it
         self.both_directions = both_directions
         self.max_new_tokens = max_new_tokens
+        self.alternatives = alternatives  # query -> other accepted answers (the table's first)
+
+    def query(self, item: Item) -> str:
+        """The looked-up key: the prompt's last line without its separator ("wet ->" -> "wet")."""
+        return item.prompt.rsplit("\n", 1)[-1].removesuffix(self.separator)
+
+    def accepted(self, item: Item) -> tuple[str, ...]:
+        """Every right answer: the table's (item.answer) first, then the listed alternatives."""
+        return (item.answer, *self.alternatives.get(self.query(item), ()))
+
+    def is_correct(self, item: Item, output: str) -> bool:
+        """The stripped first line is one of the accepted answers, exactly (case-sensitive)."""
+        return first_line(output) in self.accepted(item)
+
+    def answer_context(self, item: Item) -> AnswerContext:
+        """What a changed answer is compared with (`cel_numpy.tasks.changes`)."""
+        shots = [line.split(f"{self.separator} ", 1)[1] for line in item.prompt.split("\n")[:-1]]
+        return AnswerContext(self.query(item), tuple(shots), self.accepted(item))
 
     def _n_queries(self) -> int:
         return len(self.pairs) * (2 if self.both_directions else 1)
@@ -194,8 +373,14 @@ class FewShotLookup(TemplateTask):
 def capitals() -> FewShotLookup:
     # the longest answers are 6 SmolLM2 tokens (" Bandar Seri Begawan", " Kuala Lumpur"); one more
     # token shows what follows them (an answer must end there: "Kuala Lumpur City" is wrong)
-    return FewShotLookup("capitals", CAPITALS, ":", both_directions=False, max_new_tokens=7)
+    return FewShotLookup(
+        "capitals", CAPITALS, ":", both_directions=False, max_new_tokens=7,
+        alternatives=CAPITAL_ALTERNATIVES,
+    )  # fmt: skip
 
 
 def antonyms() -> FewShotLookup:
-    return FewShotLookup("antonyms", ANTONYMS, " ->", both_directions=True, max_new_tokens=4)
+    return FewShotLookup(
+        "antonyms", ANTONYMS, " ->", both_directions=True, max_new_tokens=4,
+        alternatives=ANTONYM_ALTERNATIVES,
+    )  # fmt: skip

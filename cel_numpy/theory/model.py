@@ -62,9 +62,8 @@ def theory_forward(params: dict, batch: Batch, head_mask: np.ndarray | None = No
     B, N = batch.types.shape
     if head_mask is None:
         head_mask = np.ones(H)
-    onehot = (batch.types[:, None, :, None] == np.arange(T)).astype(
-        K.dtype
-    )  # (B, N) -> (B, 1, N, T)
+    # (B, N) -> (B, 1, N, T)
+    onehot = (batch.types[:, None, :, None] == np.arange(T)).astype(K.dtype)
     q = np.broadcast_to(K[None, :, None, :], (B, H, 1, T))  # (H, T) -> (B, H, 1, T)
     m = V.shape[1]
     v = (batch.z.reshape(B * N, m) @ V.T).reshape(B, N, H)  # (B*N, m) @ (m, H) -> (B, N, H)
@@ -97,13 +96,11 @@ def theory_backward(dy_hat: np.ndarray, cache: TheoryCache):
     B, H = cache.head_outputs.shape
     dz_masked = np.broadcast_to(dy_hat[:, None, None, None], (B, H, 1, 1))  # (B,) -> (B, H, 1, 1)
     dz_heads, dhead_mask = head_mask_backward(dz_masked, cache.head_mask)  # (B, H, 1, 1), (H,)
-    dq, _, dv = softmax_attention_backward(
-        dz_heads, cache.attention, need_dk=False
-    )  # (B,H,1,T), -, (B,H,N,1)
+    # (B,H,1,T), -, (B,H,N,1)
+    dq, _, dv = softmax_attention_backward(dz_heads, cache.attention, need_dk=False)
     dK = dq[:, :, 0, :].sum(axis=0)  # (B, H, 1, T) -> (H, T): q broadcast K over the batch
-    dV = np.tensordot(
-        dv[..., 0], cache.z_content, axes=([0, 2], [0, 1])
-    )  # (B, H, N),(B, N, m) -> (H, m)
+    # (B, H, N),(B, N, m) -> (H, m)
+    dV = np.tensordot(dv[..., 0], cache.z_content, axes=([0, 2], [0, 1]))
     return {"K": dK, "V": dV}, dhead_mask
 
 

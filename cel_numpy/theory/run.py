@@ -159,9 +159,8 @@ def sweep_init(
     records = []
     for scale in init_scales:
         for seed in seeds:
-            cfg = replace(
-                config, init_scale=float(scale), log_every=config.steps
-            )  # no per-step log needed
+            # no per-step log needed
+            cfg = replace(config, init_scale=float(scale), log_every=config.steps)
             s = run_theory(cfg, seed, None, eval_samples=eval_samples)
             c_head = s["heads"][s["c_head"]]
             records.append(

@@ -1,0 +1,77 @@
+"""What a rescued or damaged item is made of: one pure function over an item and its two answers.
+
+A rescue (intact wrong, ablated right) or a damage (intact right, ablated wrong) is a change of
+verdict; what it means depends on the WRONG answer of the two, compared with the item's
+`AnswerContext` (the query, the shots' answers, every accepted answer; `tasks.base`):
+
+    valid    the wrong answer is one of the accepted answers after all: the verdicts came from a
+             stricter scorer than the list (records written before a task accepted every
+             listed answer, e.g. "narrow -> broad" scored against "wide" alone)
+    format   the wrong answer is an accepted answer written another way: case, surrounding
+             punctuation or quotes, accents, spacing ("rome", "Rome.", "Bogota" for "Bogotá")
+    echo     the wrong answer repeats the query ("pass -> pass", "Cuba: Cuba")
+    shot     the wrong answer is the answer of one of the prompt's solved examples (the model
+             copied another shot)
+    genuine  anything else: a wrong answer of its own replaced by a right one, or the reverse
+
+The categories are checked in this order and the first that fits is taken. Only "genuine"
+changes say the ablation changed what the model knows or retrieves; the others are an artefact
+of the scorer (valid, format) or of the few-shot format (echo, shot). `classify_changes`
+counts them for a condition against the intact model; the reports show the counts.
+"""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+from collections import Counter
+from collections.abc import Sequence
+
+from cel_numpy.tasks.base import AnswerContext
+
+CATEGORIES = ("valid", "format", "echo", "shot", "genuine")
+
+_EDGE = string.punctuation + string.whitespace + "\u201c\u201d\u2018\u2019"
+
+
+def normalize(text: str) -> str:
+    """Lower case, accents folded, one space between words, punctuation and quotes at either
+    end dropped: "  Rome." -> "rome", "Bogotá" -> "bogota", '"Cape  Town"' -> "cape town"."""
+    folded = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return " ".join(folded.lower().split()).strip(_EDGE)
+
+
+def _first_line(text: str) -> str:
+    return text.split("\n", 1)[0].strip()
+
+
+def classify_change(context: AnswerContext, wrong: str) -> str:
+    """The category (one of CATEGORIES) of a change of verdict whose wrong answer is `wrong`
+    (the intact answer of a rescued item, the ablated answer of a damaged one)."""
+    answer = _first_line(wrong)
+    if answer in context.accepted:
+        return "valid"
+    norm = normalize(answer)
+    if norm and norm in {normalize(a) for a in context.accepted}:
+        return "format"
+    if norm and context.query and norm == normalize(context.query):
+        return "echo"
+    if norm and norm in {normalize(s) for s in context.shot_answers}:
+        return "shot"
+    return "genuine"
+
+
+def classify_changes(
+    contexts: Sequence[AnswerContext],
+    intact: Sequence[tuple[bool, str]],
+    ablated: Sequence[tuple[bool, str]],
+) -> dict[str, dict[str, int]]:
+    """Per item (context, (intact correct, intact answer), (ablated correct, ablated answer)):
+    {"rescued": {category: n}, "damaged": {category: n}}, every category listed (0 if none)."""
+    counts = {"rescued": Counter(), "damaged": Counter()}
+    for ctx, (ok_i, text_i), (ok_a, text_a) in zip(contexts, intact, ablated, strict=True):
+        if ok_a and not ok_i:
+            counts["rescued"][classify_change(ctx, text_i)] += 1
+        elif ok_i and not ok_a:
+            counts["damaged"][classify_change(ctx, text_a)] += 1
+    return {kind: {c: int(n[c]) for c in CATEGORIES} for kind, n in counts.items()}

@@ -1,0 +1,117 @@
+"""Intact accuracy of a model on a benchmark's validation split, and the cost of one (condition x
+item), for docs/benchmarks.md.
+
+    # accuracy on the whole split (resumable: rerun the same command to continue)
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/measure_benchmarks.py accuracy \\
+        --model smollm2 --task hellaswag --out runs/bench-acc/smollm2-hellaswag.jsonl
+    # seconds per (condition x item): the intact pass, then single heads at several depths
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/measure_benchmarks.py cost \\
+        --model smollm2 --task hellaswag --items 32
+
+accuracy: items in a seeded random order (`--seed`; the items done at any moment are a uniform
+random sample of the split), `--chunk` at a time through the fast engine (one condition, the
+intact model); each finished chunk's results are appended to --out (one JSON object per item),
+so an interrupted run continues where it stopped (a file written for other items is refused).
+Prints progress with the rate and the time left, then the accuracy with its Wilson interval.
+cost: one warm-up call, then the intact model alone, then `--conditions` single-head conditions
+spread over the layers (head 0), each call on the same items; prints seconds per (condition x
+item) for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import cel_numpy as cn
+from cel_numpy.localize.evaluate import LMEvaluator
+from cel_numpy.localize.stats import wilson_interval
+from cel_numpy.tasks import get_task
+
+
+def accuracy(args) -> None:
+    model, task = cn.load_model(args.model), get_task(args.task)
+    # a seeded random order: the items done at any moment are a uniform random sample
+    order = np.random.default_rng(args.seed).permutation(len(task.items))
+    items = [task.items[i] for i in order][: args.limit or None]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = {}
+    if out.exists():
+        for line in out.read_text().splitlines():
+            row = json.loads(line)
+            done[row["id"]] = row
+    known = {it.id for it in task.items}
+    if set(done) - known:
+        sys.exit(f"{out} holds results of other items; use another --out")
+    # one condition per call: keeping intact passes across calls would only hold memory
+    ev = LMEvaluator(model, task, batch_size=args.batch_size, intact_cache=False)
+    todo = [it for it in items if it.id not in done]
+    start, n0 = time.perf_counter(), len(todo)
+    print(f"{args.model} {task.name}: {len(items)} items, {len(done)} done", flush=True)
+    with open(out, "a") as f:
+        for c0 in range(0, len(todo), args.chunk):
+            chunk = todo[c0 : c0 + args.chunk]
+            (results,) = ev.evaluate_many(chunk, [()])
+            for it, r in zip(chunk, results):
+                row = {"id": it.id, "file_id": task.file_ids[it.id], "correct": r.correct,
+                       "answer": r.answer}  # fmt: skip
+                done[it.id] = row
+                f.write(json.dumps(row) + "\n")
+            f.flush()
+            n = c0 + len(chunk)
+            rate = (time.perf_counter() - start) / n
+            correct = sum(done[it.id]["correct"] for it in items if it.id in done)
+            print(
+                f"  {len(done)}/{len(items)} items, {rate:.3f} s/item, "
+                f"{rate * (n0 - n) / 60:.1f} min left, accuracy so far "
+                f"{correct / len(done):.4f}",
+                flush=True,
+            )
+    k = sum(done[it.id]["correct"] for it in items)
+    lo, hi = wilson_interval(k, len(items))
+    wall = time.perf_counter() - start
+    print(f"{args.model} {task.name}: {k}/{len(items)} = {k / len(items):.4f} "
+          f"(Wilson 95% {lo:.4f}-{hi:.4f}); this call {wall / 60:.1f} min for {n0} items, "
+          f"{time.process_time() / 60:.1f} min of CPU")  # fmt: skip
+
+
+def cost(args) -> None:
+    model, task = cn.load_model(args.model), get_task(args.task)
+    items = task.items[: args.items]
+    L = model.config.n_layers
+    layers = [round(k * (L - 1) / max(1, args.conditions - 1)) for k in range(args.conditions)]
+    ev = LMEvaluator(model, task, batch_size=args.batch_size, intact_cache=False)
+    ev.evaluate_many(items[: args.batch_size], [()])  # warm-up: prepared weights, allocator
+    for label, conds in [("intact", [()])] + [(f"L{l}H0", [((l, 0),)]) for l in layers]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        ev.evaluate_many(items, conds)
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        print(f"{label:>7}: {dt:7.2f} s wall, {dc:7.2f} s CPU for {len(items)} items = "
+              f"{dt / len(items):.3f} s wall, {dc / len(items):.3f} s CPU per (condition x item)",
+              flush=True)  # fmt: skip
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("mode", choices=("accuracy", "cost"))
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--task", required=True)
+    p.add_argument("--out", help="accuracy: the per-item results file (JSONL)")
+    p.add_argument("--limit", type=int, default=0, help="accuracy: only the first N items")
+    p.add_argument("--seed", type=int, default=0, help="accuracy: the order items run in")
+    p.add_argument("--chunk", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--items", type=int, default=32, help="cost: items per call")
+    p.add_argument("--conditions", type=int, default=4, help="cost: single-head conditions")
+    args = p.parse_args(argv)
+    accuracy(args) if args.mode == "accuracy" else cost(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Fair scorers: lookups accept every listed answer, and a change of verdict is classified as
+valid / format / echo / shot / genuine on hand-made cases (cel_numpy.tasks.changes)."""
+
+import pytest
+
+from cel_numpy.tasks import Item, get_task
+from cel_numpy.tasks.base import AnswerContext, answer_context
+from cel_numpy.tasks.changes import CATEGORIES, classify_change, classify_changes, normalize
+from tests.test_localize import trained_theory  # noqa: F401
+
+ANT = get_task("antonyms")
+CAP = get_task("capitals")
+NARROW = Item(
+    "antonyms", "lookup", "hot -> cold\nrich -> poor\nday -> night\nnarrow ->", "wide",
+    cluster="wide/narrow",
+)  # fmt: skip
+SOUTH_AFRICA = Item(
+    "capitals", "lookup", "France: Paris\nCuba: Havana\nEgypt: Cairo\nSouth Africa:", "Pretoria"
+)
+
+
+def test_antonyms_accept_every_listed_answer():
+    """narrow -> broad was scored wrong against the single reference "wide"; WordNet lists broad
+    (the synset "wide, broad") as narrow's antonym, so it counts now. Exact match still."""
+    assert ANT.accepted(NARROW)[0] == "wide" and "broad" in ANT.accepted(NARROW)
+    for right in (" wide", " broad\nhot -> cold", " broad"):
+        assert ANT.is_correct(NARROW, right), right
+    for wrong in (" Broad", " broad.", " narrow", " cold", ""):
+        assert not ANT.is_correct(NARROW, wrong), wrong
+
+
+def test_capitals_accept_every_listed_capital_and_spelling():
+    for right in (" Pretoria", " Cape Town", " Bloemfontein"):
+        assert CAP.is_correct(SOUTH_AFRICA, right)
+    assert not CAP.is_correct(SOUTH_AFRICA, " Johannesburg")
+    bogota = CAP.item_at("lookup", [c for c, _ in CAP.pairs].index("Colombia"))
+    assert bogota.answer == "Bogota"  # the shot shows plain ASCII
+    assert CAP.is_correct(bogota, " Bogotá") and CAP.is_correct(bogota, " Bogota")
+
+
+def test_answer_context_of_a_lookup():
+    ctx = answer_context(ANT, NARROW)
+    assert ctx.query == "narrow" and ctx.shot_answers == ("cold", "poor", "night")
+    assert ctx.accepted == ANT.accepted(NARROW)
+    plain = answer_context(get_task("arithmetic"), Item("arithmetic", "2+", "1 + 1 =", "2"))
+    assert plain == AnswerContext("", (), ("2",))
+
+
+@pytest.mark.parametrize(
+    "wrong, category",
+    [
+        (" narrow", "echo"),  # "narrow -> narrow"
+        (" Narrow.", "echo"),
+        (" poor", "shot"),  # the second shot's answer
+        (" Night", "shot"),
+        (" Wide", "format"),
+        (" wide.", "format"),
+        (' "broad"', "format"),
+        (" broad", "valid"),  # right under the list: a stricter scorer's verdict
+        (" tall", "genuine"),
+        (" hot", "genuine"),  # a shot's query, not its answer
+        ("", "genuine"),
+    ],
+)
+def test_classify_change_hand_made(wrong, category):
+    assert classify_change(answer_context(ANT, NARROW), wrong) == category
+
+
+def test_classify_change_capitals_and_order():
+    ctx = answer_context(CAP, SOUTH_AFRICA)
+    assert classify_change(ctx, " South Africa") == "echo"
+    assert classify_change(ctx, " Havana") == "shot"
+    assert classify_change(ctx, " Cape Town") == "valid"
+    assert classify_change(ctx, " cape  town") == "format"
+    assert classify_change(ctx, " Johannesburg") == "genuine"
+    # a query that is also a shot's answer is an echo first (the order of CATEGORIES)
+    both = AnswerContext("Paris", ("Paris",), ("Lyon",))
+    assert classify_change(both, "Paris") == "echo"
+
+
+def test_normalize():
+    assert normalize("  Rome.") == "rome" and normalize("Bogotá") == "bogota"
+    assert normalize('"Cape  Town"') == "cape town" and normalize("N'Djamena") == "n'djamena"
+
+
+def test_classify_changes_counts_only_changed_verdicts():
+    ctx = answer_context(ANT, NARROW)
+    intact = [(False, " narrow"), (True, " wide"), (False, " poor"), (True, " wide"), (False, "x")]
+    ablated = [(True, " wide"), (False, " Wide"), (True, " broad"), (True, " broad"), (False, "y")]
+    counts = classify_changes([ctx] * 5, intact, ablated)
+    assert counts["rescued"] == dict.fromkeys(CATEGORIES, 0) | {"echo": 1, "shot": 1}
+    assert counts["damaged"] == dict.fromkeys(CATEGORIES, 0) | {"format": 1}
+
+
+def test_recurrence_counts_independent_searches_only():
+    """summarize: recurrence over searches whose panels share no cluster with the searches kept
+    before them (in table order); overlapping runs and test-heads runs are left out."""
+    from cel_numpy.localize.summary import head_recurrence
+
+    def row(primary, clusters, kind="localize"):
+        return {"kind": kind, "model": "m", "task": "capitals", "primary": primary,
+                "finalists": [primary], "clusters": clusters}  # fmt: skip
+
+    rows = [
+        row("L1H1+L2H2", ["France", "Peru"]),  # fold 0
+        row("L1H1", ["Chile", "Japan"]),  # fold 1
+        row("L1H1", ["Japan", "Cuba"]),  # shares Japan with the second: left out
+        row("L1H1", ["France"]),  # nested in the first: left out
+        row("L1H1", ["Oman"], kind="test-heads"),  # a given set: never counted
+        row("L2H2", ["Cuba"]),  # the third was left out, so Cuba is free
+    ]
+    rec = head_recurrence(rows)["capitals"]
+    assert rec["runs"] == 3 and rec["not_independent"] == 2
+    assert rec["primary"] == {"L1H1": 2, "L2H2": 2}
+
+
+# --------------------------------------------------------------------------- resample ablation
+
+
+def test_resample_donors_are_a_seeded_derangement_across_clusters():
+    from cel_numpy.errors import UserError
+    from cel_numpy.localize.resample import resample_donors
+
+    clusters = ["a"] * 3 + ["b"] * 2 + ["c"] * 4 + ["d"] * 5 + [f"s{i}" for i in range(6)]
+    for seed in range(20):
+        d = resample_donors(clusters, seed)
+        assert sorted(d.tolist()) == list(range(len(clusters)))  # a permutation
+        assert all(clusters[i] != clusters[j] for i, j in enumerate(d))  # never its own cluster
+    assert resample_donors(clusters, 1).tolist() == resample_donors(clusters, 1).tolist()
+    assert resample_donors(clusters, 1).tolist() != resample_donors(clusters, 2).tolist()
+    assert resample_donors(["x", "y"], 0).tolist() == [1, 0]
+    with pytest.raises(UserError, match="largest cluster 3"):
+        resample_donors(["a", "a", "a", "b", "c"], 0)
+
+
+def test_theory_resample_takes_the_donors_head_outputs(trained_theory):  # noqa: F811
+    """TheoryEvaluator: a removed head outputs what it outputs on the donor sample."""
+    import numpy as np
+
+    from cel_numpy.localize.evaluate import TheoryEvaluator, TheoryTask, items_to_batch
+    from cel_numpy.localize.resample import resample_donors
+    from cel_numpy.theory.model import theory_forward
+
+    params, world = trained_theory
+    task = TheoryTask("A", world)
+    items = task.sample(np.random.default_rng(0), 40)
+    ev = TheoryEvaluator(params, task, ablation="resample", resample_seed=4)
+    _, cache = theory_forward(ev.params, items_to_batch(items))
+    o = cache.head_outputs  # (B, H)
+    donors = resample_donors([it.cluster for it in items], 4)
+    expected = o.sum(axis=1) - o[:, 1] + o[donors, 1]
+    np.testing.assert_allclose(ev.predict(items, ((0, 1),)), expected, atol=1e-12)
+    np.testing.assert_allclose(ev.predict(items, ()), o.sum(axis=1), atol=1e-12)
+
+
+def test_cli_test_heads_three_ablations_on_the_theory_model(tmp_path, trained_theory, capsys):  # noqa: F811
+    """--ablation zero|mean|resample on one held-out panel; the manifest records the kind."""
+    import json
+
+    import numpy as np
+
+    from cel_numpy.cli import main
+
+    params, _ = trained_theory
+    np.savez(tmp_path / "params.npz", K=params["K"], V=params["V"])
+    gains = {}
+    for kind in ("zero", "mean", "resample"):
+        out = tmp_path / kind
+        argv = ["test-heads", "--model", f"theory:{tmp_path / 'params.npz'}", "--task", "A",
+                "--heads", "L0H0", "--heldout", "120", "--seed", "2", "--ablation", kind,
+                "--out", str(out), "--quiet"]  # fmt: skip
+        assert main(argv) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["model"]["ablation"] == kind
+        assert ("resample_seed" in manifest["model"]) == (kind == "resample")
+        report = json.loads((out / "report.json").read_text())
+        gains[kind] = report["primary"]["heldout"]["gain"]
+        assert set(report["primary"]["changes"]) == {"rescued", "damaged"}
+    capsys.readouterr()
+    assert len(set(gains.values())) > 1, gains  # three interventions, not one

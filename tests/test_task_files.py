@@ -1,0 +1,205 @@
+"""Tasks from JSONL files (`--task path/to/items.jsonl`): reading, bad input, panels, end to end.
+
+A bad file is refused before any work with a one-line error naming the file and the line; a
+run records the file's sha256, so resuming it on a changed file is refused.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import copy_fixture, run_cli, with_tokenizer
+
+from cel_numpy.errors import OptionError
+from cel_numpy.localize.evaluate import LMEvaluator
+from cel_numpy.localize.routine import test_heads
+from cel_numpy.tasks import EXAMPLES, FileTask, get_task, make_panels
+
+CHOICE = [
+    {"options": {"name": "colours", "separator": " "}},
+    {"id": "a", "prompt": "The sky is", "choices": ["blue", "green"], "answer": 0},
+    {"id": "b", "prompt": "Grass is", "choices": ["blue", "green"], "answer": 1, "cluster": "g"},
+    {"id": 3, "prompt": "Snow is", "choices": ["white", "black", "red"], "answer": 0},
+]
+
+
+def write(tmp_path, rows, name="items.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_choice_items_with_options_and_clusters(tmp_path):
+    task = FileTask(write(tmp_path, CHOICE))
+    assert (task.name, task.scoring, task.normalize) == ("colours", "choice", "none")
+    first = task.items[0]
+    assert first.choices == (" blue", " green") and first.answer == " blue"
+    assert [it.cluster for it in task.items] == ["a", "g", "3"]  # default: the item's id
+    assert task.is_correct(first, " blue") and not task.is_correct(first, " green")
+    assert task.identity()["file_sha256"] == task.sha256 and len(task.sha256) == 64
+
+
+def test_generate_items_accept_several_answers_and_a_stop_text(tmp_path):
+    rows = [
+        {"options": {"stop_text": ";", "max_new_tokens": 5}},
+        {"id": 1, "prompt": "2 + 2 =", "answer": "4", "answers": ["four"]},
+    ]
+    task = FileTask(write(tmp_path, rows, "sums.jsonl"))
+    assert (task.name, task.scoring, task.max_new_tokens, task.stop) == (
+        "sums",
+        "generate",
+        5,
+        "text",
+    )
+    item = task.items[0]
+    assert task.is_correct(item, " 4 ") and task.is_correct(item, "four")
+    assert not task.is_correct(item, "5")
+
+    from cel_numpy.localize.scoring import stop_rule
+
+    class Tok:
+        eos_id = 0
+
+    rule = stop_rule(task, Tok())
+    assert rule.text == ";" and rule.max_new_tokens == 5
+
+
+Z = {"id": "z", "prompt": "x", "choices": ["a", "b"], "answer": 0}
+BAD = [  # (the third line of a file, what its error says)
+    ('{"id": "z", "prompt": "x"', "not valid JSON"),
+    (CHOICE[1], "duplicate id 'a' (first on line 1)"),
+    (dict(CHOICE[1], id="copy"), "the same prompt and answer as line 1"),
+    (dict(Z, prompt="  "), "the prompt must be a non-empty string"),
+    (dict(Z, answer=2), "answer index 2 is out of range for 2 choices"),
+    (dict(Z, answer="a"), "answer must be the index of the correct choice"),
+    (dict(Z, choices=["a", "a"]), "two choices are the same text"),
+    ({"id": "z", "prompt": "x", "choices": ["a", "b"]}, "missing key 'answer'"),
+    (dict(Z, clster=1), "unknown key 'clster'"),
+    ({"id": "z", "prompt": "x", "answer": "y"}, "a generate item in a file of choice items"),
+    ([1, 2], "a line must be a JSON object"),
+]
+
+
+@pytest.mark.parametrize("bad, message", BAD, ids=[m for _, m in BAD])
+def test_a_bad_line_is_one_line_naming_file_and_line(tmp_path, bad, message):
+    path = write(tmp_path, [CHOICE[1], CHOICE[2], bad])
+    with pytest.raises(OptionError) as err:
+        FileTask(path)
+    text = str(err.value)
+    assert text.startswith(f"{path}:3: ") and message in text and "\n" not in text, text
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"normalise": "chars"}, "unknown option 'normalise'"),
+        ({"normalize": "tokens"}, "option normalize = 'tokens' is not allowed"),
+        ({"max_new_tokens": 0}, "option max_new_tokens = 0"),
+        ({"scoring": "generate"}, "the options say scoring 'generate'"),
+    ],
+)
+def test_bad_options_name_the_line(tmp_path, options, message):
+    path = write(tmp_path, [{"options": options}, CHOICE[1]])
+    with pytest.raises(OptionError, match=message) as err:
+        FileTask(path)
+    assert str(err.value).startswith(f"{path}:1: ")
+
+
+def test_cli_refuses_a_bad_file_with_exit_2_before_any_work(tmp_path):
+    bad = write(
+        tmp_path, [CHOICE[1], {"id": "b", "prompt": "", "choices": ["x", "y"], "answer": 0}]
+    )
+    out = tmp_path / "run"
+    for command in ("localize", "test-heads"):
+        argv = [command, "--model", "smollm2", "--task", str(bad), "--out", str(out)]
+        argv += ["--heads", "L0H0"] if command == "test-heads" else []
+        status, err = run_cli(argv)
+        assert status == 2 and f"{bad}:2: the prompt must be a non-empty string" in err, err
+        assert len(err.strip().splitlines()) == 1 and not out.exists()
+    status, err = run_cli(
+        ["localize", "--model", "smollm2", "--task", "nothere.jsonl", "--out", str(out)]
+    )
+    assert status == 2 and "nothere.jsonl: cannot read the task file" in err
+
+
+def test_example_files_parse_and_split_into_cluster_disjoint_panels():
+    opposites, plurals = (
+        get_task(str(EXAMPLES / "opposites.jsonl")),
+        FileTask(EXAMPLES / "plurals.jsonl"),
+    )
+    assert (opposites.scoring, len(opposites.items)) == ("choice", 24)
+    assert (plurals.scoring, len(plurals.items)) == ("generate", 12)
+    d, h = make_panels(opposites, 8, 12, seed=0)
+    assert not {it.cluster for it in d} & {it.cluster for it in h}
+    assert all(sum(it.cluster == c for it in d + h) in (1, 2) for c in {it.cluster for it in d})
+    with pytest.raises(OptionError, match="too few for 20 \\+ 5 items"):
+        make_panels(opposites, 20, 5, seed=0)  # 24 items, but clusters of two stay whole
+
+
+def test_test_heads_end_to_end_and_a_changed_file_refuses_resume(tmp_path):
+    """On the tiny Llama fixture with a character vocabulary: the CLI runs a task file, records
+    its sha256, resumes on the same file and refuses a changed one."""
+    model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))
+    rows = [{"options": {"separator": " "}}]
+    rows += [
+        {"id": k, "prompt": f"Item {k} says", "choices": ["yes", "no", "maybe"], "answer": k % 3}
+        for k in range(16)
+    ]
+    path = write(tmp_path, rows, "tiny.jsonl")
+    out = tmp_path / "run"
+    argv = ["test-heads", "--model", str(model), "--task", str(path), "--heads", "L0H1",
+            "--discovery", "4", "--heldout", "10", "--out", str(out), "--quiet"]  # fmt: skip
+    status, err = run_cli(argv)
+    assert status == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["task"]["file_sha256"] == FileTask(path).sha256
+    assert manifest["task_file"] == str(path) and manifest["task"]["name"] == "tiny"
+    assert run_cli(argv)[0] == 0  # the same file: resumes
+    write(tmp_path, rows[:-1], "tiny.jsonl")  # one item fewer
+    status, err = run_cli(argv)
+    assert status == 2 and "describes a different run (task.file_sha256" in err, err
+
+
+def test_python_api_takes_a_task_file_path(tmp_path):
+    """`test_heads(..., task="path.jsonl")`: the evaluator gets the FileTask (fast engine)."""
+    from helpers import planted_model
+
+    model = planted_model(np.random.default_rng(0))
+    alphabet_ok = [{"id": k, "prompt": "ab" * (k + 1), "choices": ["a", "b"], "answer": k % 2}
+                   for k in range(12)]  # fmt: skip
+    path = write(tmp_path, alphabet_ok, "ab.jsonl")
+    seen = []
+
+    def make(task, ref):
+        seen.append(task)
+        return LMEvaluator(model, task, batch_size=4)
+
+    res = test_heads(tmp_path / "run", make, str(path), "L1H1", n_discovery=4, n_heldout=6,
+                     seed=0, progress=False, command="test")  # fmt: skip
+    assert isinstance(seen[0], FileTask) and seen[0].name == "ab"
+    assert res["heldout"]["heldout"]["finalists"][0]["name"] == "L1H1"
+
+
+def test_folds_of_an_item_list_share_no_cluster(tmp_path):
+    """Independent replications on a file task: the panels of fold 0 and fold 1 of 2 share no
+    cluster, whatever the panel seeds; each fold holds only its own clusters; fold counts
+    that leave a fold fewer than two clusters are refused."""
+    rows = [
+        {"id": f"q{i}", "prompt": f"Item {i} is", "answer": f"a{i}", "cluster": f"c{i // 2}"}
+        for i in range(80)
+    ]
+    task = FileTask(write(tmp_path, rows))
+    clusters = []
+    for k, seed in ((0, 0), (1, 7)):
+        d, h = make_panels(task, 8, 12, seed, fold=(k, 2))
+        assert not {it.cluster for it in d} & {it.cluster for it in h}
+        clusters.append({it.cluster for it in d + h})
+    assert not clusters[0] & clusters[1], "two folds drew the same cluster"
+    again = make_panels(task, 8, 12, 3, fold=(0, 2))
+    assert {it.cluster for it in again[0] + again[1]} <= {
+        it.cluster for it in task.items if it.cluster not in clusters[1]
+    }
+    with pytest.raises(OptionError, match="folds leave fold"):
+        make_panels(task, 1, 1, 0, fold=(0, 80))
