@@ -65,6 +65,8 @@ HOSTILE_TEMPLATES = {
     "str.format width from an argument": ("{{ '{:>{}}'.format('x', 1000000000) }}", "width"),
     "% width": ("{{ '%1000000000s' % 'x' }}", "width"),
     "% star width": ("{{ '%*s' % (1000000000, 'x') }}", "width"),
+    "format filter width": ("{{ '%1000000000s'|format('x') }}", "width"),
+    "format_map width": ("{{ '{a:>1000000000}'.format_map({'a': 'x'}) }}", "width"),
     "ljust": ("{{ 'x'.ljust(1000000000) }}", "ljust"),
     "string repeat": ("{{ 'x' * 1000000000 }}", "repeating"),
     "list repeat then join": ("{% set s = 'x' * 100000 %}{{ ([s] * 100000)|join }}", "repeating"),
