@@ -337,8 +337,6 @@ def load_gguf(path: Path, dtype, check_config=lambda config: None):
     check_tensors(config, "gguf", tensor_headers(reader), str(path))
     tokenizer = None
     if "tokenizer.ggml.tokens" in reader.fields:
-        from cel_numpy.models.tokenizer import tokenizer_from_gguf
-
         tokenizer = tokenizer_from_gguf(reader)
     infos = {t.name: TensorInfo.of(t) for t in reader.tensors}
     del reader
@@ -360,6 +358,21 @@ def load_gguf(path: Path, dtype, check_config=lambda config: None):
 
         params = build_params(config, "gguf", read, dtype, str(path))
     return params, config, tokenizer
+
+
+def tokenizer_from_gguf(reader):
+    """The tokenizer a GGUF file describes: byte-level BPE (tokenizer model 'gpt2') or
+    SentencePiece-style BPE with byte fallback (model 'llama', Gemma: `sentencepiece.py`)."""
+    from cel_numpy.models.sentencepiece import SentencePieceTokenizer
+    from cel_numpy.models.tokenizer import BPETokenizer
+
+    try:
+        model = _field(reader, "tokenizer.ggml.model", "gpt2")
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
+        model = None  # a damaged field: the constructor names the file and the problem
+    if model == "llama":
+        return SentencePieceTokenizer.from_gguf_fields(reader)
+    return BPETokenizer.from_gguf_fields(reader)
 
 
 def gguf_storage(path: Path) -> dict[str, int]:

@@ -819,20 +819,6 @@ def _template_bos(post: dict | None, vocab: dict[str, int], special: dict[str, i
     return _token_id(first["SpecialToken"]["id"], vocab, special)
 
 
-def tokenizer_from_gguf(reader):
-    """The tokenizer a GGUF file describes: byte-level BPE (tokenizer model 'gpt2') or
-    SentencePiece-style BPE with byte fallback (model 'llama', Gemma: `sentencepiece.py`)."""
-    try:
-        model = gguf_field(reader, "tokenizer.ggml.model", default="gpt2")
-    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
-        model = None  # a damaged field: the constructor names the file and the problem
-    if model == "llama":
-        from cel_numpy.models.sentencepiece import SentencePieceTokenizer
-
-        return SentencePieceTokenizer.from_gguf_fields(reader)
-    return BPETokenizer.from_gguf_fields(reader)
-
-
 def gguf_field(reader, key: str, default=KeyError):
     """Value of a GGUF metadata field: str, int, float, bool, or a list of them.
 
