@@ -1073,8 +1073,21 @@ def write_gemma3_tokenizer_fixture(path: Path) -> None:
         "transformers_version": transformers.__version__,
         "cases": cases,
     }
-    out.write_text(json.dumps(fixture, ensure_ascii=True, indent=1) + "\n", encoding="utf-8")
+    write_compact_json(out, fixture, "cases")
     print(f"{out.name}: {len(cases)} cases")
+
+
+def write_compact_json(path: Path, data: dict, rows: str) -> None:
+    """JSON with the list `data[rows]` one item per line, UTF-8 (small, and diffs by item)."""
+    head = {k: v for k, v in data.items() if k != rows}
+    lines = ["{"] + [
+        f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in head.items()
+    ]
+    lines.append(f" {json.dumps(rows)}: [")
+    lines.append(",\n".join("  " + json.dumps(c, ensure_ascii=False) for c in data[rows]))
+    lines += [" ]", "}"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert json.loads(path.read_text(encoding="utf-8")) == data, f"{path}: does not read back"
 
 
 def write_gemma3_golden_fixture(path: Path) -> None:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
 import cel_numpy as cn
 from cel_numpy.attention import padded_causal_mask
+from cel_numpy.errors import TokenizerError
 from cel_numpy.models.config import ConfigError, ModelConfig
+from cel_numpy.models.gguf_loader import tokenizer_from_gguf
 from cel_numpy.models.model import Model
 from cel_numpy.models.transformer import sliding_window_mask
 
@@ -105,3 +108,44 @@ def test_gemma_fields_belong_to_the_llama_family():
     llama = cn.load_model(FIXTURES / "tiny_llama").config.to_dict()
     with pytest.raises(ConfigError, match="local_layers need a positive integer sliding_window"):
         ModelConfig.from_dict({**llama, "local_layers": [0]})
+
+
+def _tokenizer_gguf(path: Path, add_space_prefix: bool | None, tokens: list[str]) -> Path:
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_tokenizer_model("llama")
+    if add_space_prefix is not None:
+        writer.add_add_space_prefix(add_space_prefix)
+    writer.add_token_list(tokens)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("prefix", [True, None])
+def test_sentencepiece_gguf_with_a_space_prefix_is_refused(tmp_path, prefix):
+    path = _tokenizer_gguf(tmp_path / "t.gguf", prefix, ["a", "b"])
+    with pytest.raises(TokenizerError, match="add_space_prefix is true \\(or absent\\)") as info:
+        tokenizer_from_gguf(gguf.GGUFReader(path))
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_sentencepiece_vocabulary_needs_every_byte_token(tmp_path):
+    tokens = ["<unk>", "a"] + [f"<0x{b:02X}>" for b in range(255)]  # 0xFF missing
+    path = _tokenizer_gguf(tmp_path / "t.gguf", False, tokens)
+    with pytest.raises(TokenizerError, match="lacks the byte token <0xFF>"):
+        tokenizer_from_gguf(gguf.GGUFReader(path))
+
+
+def test_sentencepiece_merges_by_vocabulary_rank_with_byte_fallback(tmp_path):
+    # "ab" ranks above "bc": "abc" -> ab + c; "é" is no token: its two UTF-8 bytes
+    tokens = ["<unk>", "a", "b", "c", "\u2581", "ab", "bc", "\u2581a", "  "]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    tok = tokenizer_from_gguf(gguf.GGUFReader(_tokenizer_gguf(tmp_path / "t.gguf", False, tokens)))
+    spell = lambda text: [tok.id_to_token(i) for i in tok.encode(text)]
+    assert spell("abc") == ["ab", "c"]
+    assert spell("bcab a") == ["bc", "ab", "\u2581a"]
+    assert spell("a  b") == ["a", "\u2581\u2581", "b"], "a space run is one token"
+    assert spell("aé") == ["a", "<0xC3>", "<0xA9>"]
+    assert tok.decode(tok.encode("bcab aé  b")) == "bcab aé  b"

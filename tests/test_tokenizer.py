@@ -379,7 +379,7 @@ def test_unsupported_pipeline_parts_are_clear_errors(gpt2_files, tmp_path, secti
 @pytest.mark.parametrize(
     "model, pre, message",
     [
-        ("llama", "default", "tokenizer.ggml.model is 'llama'; only 'gpt2'"),
+        ("bert", "default", "tokenizer.ggml.model is 'bert'; supported: 'gpt2'"),
         ("gpt2", "deepseek-llm", "tokenizer.ggml.pre 'deepseek-llm' is not supported"),
     ],
 )

@@ -381,22 +381,6 @@ def _filename(tensor) -> str:
     return base.filename
 
 
-def tokenizer_from_gguf(reader):
-    """The tokenizer a GGUF file describes: byte-level BPE (tokenizer model 'gpt2') or
-    SentencePiece-style BPE with byte fallback (model 'llama', Gemma: `sentencepiece.py`)."""
-    from cel_numpy.models.tokenizer import BPETokenizer, gguf_field
-
-    try:
-        model = gguf_field(reader, "tokenizer.ggml.model", default="gpt2")
-    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
-        model = None  # a damaged field: the constructor names the file and the problem
-    if model == "llama":
-        from cel_numpy.models.sentencepiece import SentencePieceTokenizer
-
-        return SentencePieceTokenizer.from_gguf_fields(reader)
-    return BPETokenizer.from_gguf_fields(reader)
-
-
 def load_gguf(
     path: Path, dtype, check_config=lambda config: None, check_tokenizer=lambda t, config: None
 ):
@@ -433,6 +417,21 @@ def load_gguf(
 
         params = build_params(config, "gguf", read, dtype, str(path))
     return params, config, tokenizer
+
+
+def tokenizer_from_gguf(reader):
+    """The tokenizer a GGUF file describes: byte-level BPE (tokenizer model 'gpt2') or
+    SentencePiece-style BPE with byte fallback (model 'llama', Gemma: `sentencepiece.py`)."""
+    from cel_numpy.models.sentencepiece import SentencePieceTokenizer
+    from cel_numpy.models.tokenizer import BPETokenizer
+
+    try:
+        model = _field(reader, "tokenizer.ggml.model", "gpt2")
+    except (ValueError, IndexError, TypeError, UnicodeDecodeError):
+        model = None  # a damaged field: the constructor names the file and the problem
+    if model == "llama":
+        return SentencePieceTokenizer.from_gguf_fields(reader)
+    return BPETokenizer.from_gguf_fields(reader)
 
 
 def gguf_storage(path: Path) -> dict[str, int]:

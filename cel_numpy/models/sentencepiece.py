@@ -212,15 +212,18 @@ class SentencePieceTokenizer:
             for i, (t, kind) in enumerate(zip(tokens, types))
             if kind == CONTROL or (kind == USER_DEFINED and t == raw[i])
         }
+        bos_id = gguf_field(reader, "tokenizer.ggml.bos_token_id", default=None)
+        # no add_bos_token field: llama.cpp (and transformers) add BOS to a SentencePiece text
+        add_bos = gguf_field(reader, "tokenizer.ggml.add_bos_token", default=bos_id is not None)
         return cls(
             tokens,
             added=added,
             special_ids=[i for i, kind in enumerate(types) if kind == CONTROL],
-            bos_id=gguf_field(reader, "tokenizer.ggml.bos_token_id", default=None),
+            bos_id=bos_id,
             eos_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", default=None),
             pad_id=gguf_field(reader, "tokenizer.ggml.padding_token_id", default=None),
             unk_id=gguf_field(reader, "tokenizer.ggml.unknown_token_id", default=None),
-            add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", default=True)),
+            add_bos=bool(add_bos),
             eot_id=gguf_field(reader, "tokenizer.ggml.eot_token_id", default=None),
             chat_template=_gguf_template(reader),
         )
