@@ -71,6 +71,28 @@ def pin_threads(n: int) -> str:
     return f"{blas} threads; torch {torch.get_num_threads() if torch is not None else '-'}"
 
 
+VECTOR_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                "avx512_bf16", "amx_tile")  # fmt: skip
+
+
+def cpu_summary() -> str:
+    """The CPU model and its vector extensions (from /proc/cpuinfo; what BLAS kernels use)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    found = [f for f in VECTOR_FLAGS if f in flags]
+    return f"{name}; vector extensions: {' '.join(found) or 'unknown'}"
+
+
 def median_time(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -443,7 +465,7 @@ def main(argv=None) -> int:
             print(" | ".join(r), flush=True)
     load = os.getloadavg()
     print(
-        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"\nmachine: {cpu_summary()}, {os.cpu_count()} cores, "
         f"numpy {np.__version__}"
         + (
             f", torch {torch.__version__}, transformers {transformers.__version__}"

@@ -308,11 +308,7 @@ def load_gguf(path: Path, dtype, check_config=lambda config: None):
     config = read_gguf_config(reader, path)
     check_config(config)
     check_tensors(config, "gguf", tensor_headers(reader), str(path))
-    tokenizer = None
-    if "tokenizer.ggml.tokens" in reader.fields:
-        from cel_numpy.models.tokenizer import BPETokenizer
-
-        tokenizer = BPETokenizer.from_gguf_fields(reader)
+    tokenizer = gguf_tokenizer(reader)
     infos = {t.name: TensorInfo.of(t) for t in reader.tensors}
     del reader
 
@@ -333,6 +329,23 @@ def load_gguf(path: Path, dtype, check_config=lambda config: None):
 
         params = build_params(config, "gguf", read, dtype, str(path))
     return params, config, tokenizer
+
+
+def gguf_tokenizer(fields):
+    """The tokenizer of a GGUF file's `tokenizer.*` fields, or None when it has none. `fields`:
+    a GGUFReader, or the dict `tokenizer_fields` returns (the weight cache keeps it)."""
+    names = fields if isinstance(fields, dict) else fields.fields
+    if "tokenizer.ggml.tokens" not in names:
+        return None
+    from cel_numpy.models.tokenizer import BPETokenizer
+
+    return BPETokenizer.from_gguf_fields(fields)
+
+
+def tokenizer_fields(path: Path) -> dict:
+    """Every `tokenizer.*` field of a GGUF file, as plain values (JSON-safe)."""
+    reader = open_gguf(path)
+    return {k: _field(reader, k) for k in reader.fields if k.startswith("tokenizer.")}
 
 
 def gguf_storage(path: Path) -> dict[str, int]:
