@@ -7,7 +7,7 @@
 Not a test: one invocation prints one table of medians and ratios. The workload is a singleton
 screen sample: --heads heads spread over the layers (low and high layers interleaved, so that
 chunks cost about the same), each ablated alone on --size items of the task's discovery panel
-(seed 0), in chunks of 8 conditions as the routine submits them. At each core count n:
+(seed 0), in chunks of --chunk conditions (8, as the routine submits them). At each core count n:
 
   ours   n worker processes of `cel_numpy.localize.workers.WorkerPool` (what `cel-numpy
          localize --workers n` starts: forked, one BLAS thread each, the model mapped from the
@@ -94,7 +94,7 @@ def _warm(ev, items, n_layers: int, n_heads: int, pause: float):
     return os.getpid(), once
 
 
-def screen_ours(model, spec, task, items, heads, n: int, rnd: int, batch_size: int):
+def screen_ours(model, spec, task, items, heads, n: int, rnd: int, batch_size: int, chunk: int):
     """(one-off s, sample s, {head: [(answer, correct)]}, Pss MiB of parent + workers) of the
     sample through n workers with warm evaluators."""
     ev = LMEvaluator(
@@ -108,7 +108,7 @@ def screen_ours(model, spec, task, items, heads, n: int, rnd: int, batch_size: i
         pids_once = [f.result() for f in warm]
         assert len({p for p, _ in pids_once}) == n, "a worker was not warmed up"
         once = max(o for _, o in pids_once)
-        chunks = [heads[i : i + CHUNK] for i in range(0, len(heads), CHUNK)]
+        chunks = [heads[i : i + chunk] for i in range(0, len(heads), chunk)]
         t0 = time.perf_counter()
         futures = [pool.submit(evaluate_chunk, ev, items, [(h,) for h in c]) for c in chunks]
         results = [f.result() for f in futures]
@@ -178,6 +178,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cores", default=f"1,{available_cores()}", help="core counts (1,all)")
     ap.add_argument("--batch-size", type=int, default=BATCH_SIZE)
+    ap.add_argument(
+        "--chunk", type=int, default=CHUNK,
+        help=f"conditions per chunk (default {CHUNK}, the routine's; a smaller one gives a small "
+        "sample enough chunks for every worker)",
+    )  # fmt: skip
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-cache-memory", action="store_true", help="also Pss without the cache")
     args = ap.parse_args(argv)
@@ -205,7 +210,7 @@ def main(argv=None) -> int:
         for rnd in range(args.repeats):
             for n in cores:
                 once, t, ans, pss = screen_ours(
-                    model, args.model, task, items, heads, n, rnd, args.batch_size
+                    model, args.model, task, items, heads, n, rnd, args.batch_size, args.chunk
                 )
                 ours[n].append((once, t, pss))
                 answers_ours[n] = ans
