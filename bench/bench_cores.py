@@ -11,10 +11,11 @@ chunks cost about the same), each ablated alone on --size items of the task's di
 
   ours   n worker processes of `cel_numpy.localize.workers.WorkerPool` (what `cel-numpy
          localize --workers n` starts: forked, one BLAS thread each, the model mapped from the
-         weight cache), fed the chunks through `evaluate_chunk`, as the routine does. Each
-         worker's evaluator is warm: before timing, every worker computes the evaluator's
-         one-off work (the intact answers and passes of the panel) -- timed apart as "one-off",
-         which a whole screen pays once per worker, concurrently.
+         weight cache), fed the chunks through `evaluate_chunk`, as the routine does; one pool
+         per n, kept for every round. Each worker's evaluator is warm: before the first round,
+         every worker computes the evaluator's one-off work (the intact answers and passes of
+         the panel) -- timed apart as "one-off", which a whole screen pays once per worker,
+         concurrently.
   torch  transformers + torch with n threads (`torch.set_num_threads`) in a spawned process of
          its own: a forward pre-hook on o_proj zeroing the head, batched greedy `generate` with
          the same stop rule, on the same token ids and the same float32 weights
@@ -27,7 +28,8 @@ on n, then again) and medians are compared. "Whole screen" rows scale the sample
 
 Memory: the proportional set size (Pss, /proc/PID/smaps_rollup: shared pages divided among the
 processes that map them) of the parent and its workers, summed, read right after the timed
-sample while every worker still holds its activations: with 1 worker and with n. With
+sample while every worker still holds its activations, with 1 worker and with n, each pool
+alone (after the timed rounds; Pss splits shared pages among every process that maps them). With
 --no-cache-memory, also n workers that each dequantize their own copy (CEL_NUMPY_WEIGHT_CACHE=0
 in the workers: what every version before the weight cache did).
 """
@@ -94,57 +96,59 @@ def _warm(ev, items, n_layers: int, n_heads: int, pause: float):
     return os.getpid(), once
 
 
-def screen_ours(model, spec, task, items, heads, n: int, rnd: int, batch_size: int, chunk: int):
-    """(one-off s, sample s, {head: [(answer, correct)]}, Pss MiB of parent + workers) of the
-    sample through n workers with warm evaluators."""
-    ev = LMEvaluator(
-        model, task, batch_size=batch_size, spec=spec, file_identity={"bench_round": rnd}
-    )  # a new identity each round: a fresh evaluator in every worker
-    L, H = model.config.n_layers, model.config.n_heads
-    pool = WorkerPool(n)
-    pool.plan(n)
-    try:
-        warm = [pool.submit(_warm, ev, items, L, H, 3.0) for _ in range(n)]
+class OursPool:
+    """n workers of `WorkerPool` with warm evaluators, kept for every round (module docstring)."""
+
+    def __init__(self, model, spec, task, items, n: int, batch_size: int):
+        self.ev = LMEvaluator(model, task, batch_size=batch_size, spec=spec)
+        self.items, self.n = items, n
+        self.pool = WorkerPool(n)
+        self.pool.plan(n)
+        L, H = model.config.n_layers, model.config.n_heads
+        warm = [self.pool.submit(_warm, self.ev, items, L, H, 3.0) for _ in range(n)]
         pids_once = [f.result() for f in warm]
         assert len({p for p, _ in pids_once}) == n, "a worker was not warmed up"
-        once = max(o for _, o in pids_once)
+        self.once = max(o for _, o in pids_once)  # the workers pay it at the same time
+
+    def screen(self, heads, chunk: int):
+        """(sample seconds, {head: [(answer, correct)]}, Pss MiB of parent + workers)."""
         chunks = [heads[i : i + chunk] for i in range(0, len(heads), chunk)]
         t0 = time.perf_counter()
-        futures = [pool.submit(evaluate_chunk, ev, items, [(h,) for h in c]) for c in chunks]
+        futures = [
+            self.pool.submit(evaluate_chunk, self.ev, self.items, [(h,) for h in c]) for c in chunks
+        ]
         results = [f.result() for f in futures]
         seconds = time.perf_counter() - t0
-        workers = list(pool._pool._processes)  # pids
+        workers = list(self.pool._pool._processes)  # pids
         pss = pss_mib(os.getpid()) + sum(pss_mib(p) for p in workers)
-    finally:
-        pool.shutdown()
-    answers = {
-        h: [(r.answer, bool(r.correct)) for r in res]
-        for c, out in zip(chunks, results)
-        for h, res in zip(c, out)
-    }
-    return once, seconds, answers, pss
+        answers = {
+            h: [(r.answer, bool(r.correct)) for r in res]
+            for c, out in zip(chunks, results)
+            for h, res in zip(c, out)
+        }
+        return seconds, answers, pss
+
+    def close(self):
+        self.pool.shutdown()
 
 
-def memory_without_cache(model, spec, task, items, heads, n: int, batch_size: int) -> float:
-    """Pss MiB of parent + n workers that each load their own float32 copy (no weight cache),
-    after one chunk each."""
-    os.environ["CEL_NUMPY_WEIGHT_CACHE"] = "0"  # read by load_model in the forked workers
+def measure_memory(model, spec, task, items, heads, n: int, args, cache: bool = True) -> float:
+    """Pss MiB of this process + n fresh workers (no other pool alive: Pss divides shared pages
+    among every process that maps them) right after one sample; cache=False: the workers load
+    their own float32 copy (CEL_NUMPY_WEIGHT_CACHE=0, read by load_model in the forked workers)."""
+    if not cache:
+        os.environ["CEL_NUMPY_WEIGHT_CACHE"] = "0"
     try:
-        ev = LMEvaluator(model, task, batch_size=batch_size, spec=spec, file_identity={"nc": 1})
-        pool = WorkerPool(n)
-        pool.plan(n)
+        pool = OursPool(model, spec, task, items, n, args.batch_size)
         try:
-            L, H = model.config.n_layers, model.config.n_heads
-            warm = [pool.submit(_warm, ev, items, L, H, 3.0) for _ in range(n)]
-            assert len({f.result()[0] for f in warm}) == n, "a worker was not warmed up"
-            futures = [pool.submit(evaluate_chunk, ev, items, [(h,)]) for h in heads[:n]]
-            [f.result() for f in futures]
-            workers = list(pool._pool._processes)
-            return pss_mib(os.getpid()) + sum(pss_mib(p) for p in workers)
+            pss = pool.screen(heads, args.chunk)[2]
         finally:
-            pool.shutdown()
+            pool.close()
     finally:
-        del os.environ["CEL_NUMPY_WEIGHT_CACHE"]
+        os.environ.pop("CEL_NUMPY_WEIGHT_CACHE", None)
+    print(f"memory, {n} worker(s){'' if cache else ', no weight cache'}: Pss {pss:.0f} MiB",
+          flush=True)  # fmt: skip
+    return pss
 
 
 # --------------------------------------------------------------------------- torch
@@ -205,17 +209,19 @@ def main(argv=None) -> int:
 
     ours: dict[int, list] = {n: [] for n in cores}
     theirs: dict[int, list] = {n: [] for n in cores}
-    answers_ours, answers_torch, torch_threads = {}, {}, {}
+    answers_ours, answers_torch, torch_threads, pools = {}, {}, {}, {}
     try:
+        for n in cores:
+            pools[n] = OursPool(model, args.model, task, items, n, args.batch_size)
+            print(f"ours, {n} worker(s) warm: one-off {pools[n].once:.1f} s (load {load()})",
+                  flush=True)  # fmt: skip
         for rnd in range(args.repeats):
             for n in cores:
-                once, t, ans, pss = screen_ours(
-                    model, args.model, task, items, heads, n, rnd, args.batch_size, args.chunk
-                )
-                ours[n].append((once, t, pss))
+                t, ans, _ = pools[n].screen(heads, args.chunk)
+                ours[n].append((pools[n].once, t))
                 answers_ours[n] = ans
-                print(f"[{rnd}] ours, {n} worker(s): one-off {once:.1f} s, sample {t:.1f} s, "
-                      f"Pss {pss:.0f} MiB (load {load()})", flush=True)  # fmt: skip
+                print(f"[{rnd}] ours, {n} worker(s): sample {t:.1f} s (load {load()})",
+                      flush=True)  # fmt: skip
                 if n in torch_pools:
                     job = (args.model, n, args.task, args.size, heads, args.batch_size)
                     dl, tt, res, nt = torch_pools[n].submit(_torch_sweep, *job).result()
@@ -224,21 +230,26 @@ def main(argv=None) -> int:
                     answers_torch[n], torch_threads[n] = res, nt
                     print(f"[{rnd}] torch, {nt} thread(s): sample {tt:.1f} s, "
                           f"max |dlogits| {dl:.1e} (load {load()})", flush=True)  # fmt: skip
+        for pool in pools.values():
+            pool.close()
+        pools.clear()
+        for p in torch_pools.values():  # they map the weight cache too: Pss would split with them
+            p.shutdown()
+        torch_pools.clear()
+        memory = {n: measure_memory(model, args.model, task, items, heads, n, args) for n in cores}
         no_cache = None
         if args.no_cache_memory:
             n = max(cores)
-            no_cache = memory_without_cache(
-                model, args.model, task, items, heads, n, args.batch_size
-            )
+            no_cache = measure_memory(model, args.model, task, items, heads, n, args, False)
     finally:
-        for p in torch_pools.values():
-            p.shutdown()
+        for p in [*torch_pools.values(), *pools.values()]:
+            p.close() if isinstance(p, OursPool) else p.shutdown()
 
     med = lambda xs: float(np.median(xs))
     tag = f"{args.task} D={args.size}"
     rows = []
     for n in cores:
-        once, t, pss = (med([r[i] for r in ours[n]]) for i in range(3))
+        once, t = (med([r[i] for r in ours[n]]) for i in range(2))
         whole = once + scale * t
         rows.append((tag, f"{n} core(s): ours, {n} worker(s) x 1 BLAS thread, {len(heads)} heads",
                      f"{t:.1f} s", f"one-off {once:.1f} s; whole screen (est.) {whole:.0f} s; "
@@ -257,8 +268,8 @@ def main(argv=None) -> int:
     if theirs[one] and theirs[many]:
         s = med(theirs[one]) / med(theirs[many])
         rows.append((tag, f"torch, {many} threads vs {one}", f"{s:.2f}x", "scaling of the sample"))
-    p1, pn = med([r[2] for r in ours[one]]), med([r[2] for r in ours[many]])
-    rows.append((tag, f"Pss, parent + {one} worker", f"{p1:.0f} MiB", "after the timed sample"))
+    p1, pn = memory[one], memory[many]
+    rows.append((tag, f"Pss, parent + {one} worker", f"{p1:.0f} MiB", "after one sample"))
     rows.append((tag, f"Pss, parent + {many} workers", f"{pn:.0f} MiB",
                  f"{pn / p1:.2f}x one worker's (target <= 1.3)"))  # fmt: skip
     if no_cache is not None:
