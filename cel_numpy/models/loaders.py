@@ -107,7 +107,7 @@ def _cache_entry(path: Path, dtype, weight_cache: bool | None) -> Path | None:
         use = path.suffix == ".gguf" and dtype == np.float32 and wc.enabled_by_environment()
     else:
         use = bool(weight_cache)
-    return wc.cache_entry(path, dtype) if use else None
+    return wc.cache_entry(path, model_files(path), dtype) if use else None
 
 
 def _min_bytes(weight_cache: bool | None) -> int:

@@ -1,6 +1,6 @@
 """The weight cache: a model's float32 weights written once, memory-mapped by every process.
 
-    entry = cache_entry(path, dtype)            the model's file in the cache
+    entry = cache_entry(path, files, dtype)     the model's file in the cache
     hit = read_entry(entry, dtype, check)       (flat arrays, config, extra) or None (a miss)
     flat = write_entry(entry, flat, config, fmt, extra)   write, verify, map what was written
     arrays = shared_arrays(model, group, build) arrays derived from the weights (the fast
@@ -33,13 +33,12 @@ does that check anyway.
 Checks, and what they cost:
   * at write: the data's sha256 is computed while writing and checked again by reading the file
     back before it is renamed into place (about 2 s per GB, once per model);
-  * at every load: the header is parsed and checked as any safetensors file
-    (`loaders.read_safetensors_header`: dtypes, shapes, byte ranges inside the file, no
-    overlaps), the file size must equal the header's total exactly (a cut file fails), the
-    version, key and dtype must match, and every tensor the weight table needs must be there
-    with its shape. The data's sha256 is NOT recomputed on load: that would read every page
-    (0.7 s per GB per process, the whole cost of the load). `verify_entry(path)` does it on
-    demand;
+  * at every load: the header is parsed and checked (every tensor of the expected dtype, its
+    byte range the size of its shape, the tensors back to back, ending exactly at the end of
+    the file: a cut file fails), the version, key and dtype must match, and exactly the tensors
+    of the weight table must be there, each with its shape. The data's sha256 is NOT
+    recomputed on load: that would read every page (1.4 s per GB per process, more than the
+    whole load). `verify_entry(path)` does it on demand;
   * a damaged entry is reported in one line on stderr and rebuilt from the model file.
 
 Writes are atomic and safe against concurrent writers: each writer writes its own temporary file
@@ -102,11 +101,10 @@ def identity_key(files: list[Path], dtype) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def cache_entry(path: Path, dtype) -> Path:
-    """Where the weights of the model at `path`, loaded as `dtype`, live in the cache."""
-    from cel_numpy.models.loaders import model_files
-
-    key = identity_key(model_files(path), dtype)
+def cache_entry(path: Path, files: list[Path], dtype) -> Path:
+    """Where the weights of the model at `path` (read from `files`, `loaders.model_files`),
+    loaded as `dtype`, live in the cache."""
+    key = identity_key(files, dtype)
     stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in Path(path).resolve().name)
     return weights_dir() / f"{stem[:80]}-{key[:24]}.safetensors"
 
@@ -198,40 +196,74 @@ def write_file(path: Path, arrays: dict[str, np.ndarray], metadata: dict[str, st
 # --------------------------------------------------------------------------- reading
 
 
-def _metadata(path: Path) -> dict:
-    """The `__metadata__` of a safetensors file whose header has been checked."""
+def _header(path: Path) -> tuple[int, dict]:
+    """(data start, header JSON) of a cache file; ModelFileError when it cannot be one."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n).decode("utf-8"))
+        prefix = f.read(8)
+        n = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else size
+        if n > size - 8:
+            raise ModelFileError(f"{path}: too short for its header (cut short?)")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise ModelFileError(f"{path}: the header is not JSON") from None
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: the header is not a JSON object")
+    return 8 + n, header
+
+
+def _metadata(header: dict, path: Path) -> dict:
     meta = header.get("__metadata__")
     if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
         raise ModelFileError(f"{path}: no cel-numpy metadata in the header")
     return meta
 
 
+def _layout(header: dict, dtype, data_bytes: int, path: Path) -> dict[str, tuple]:
+    """name -> (shape, offset in the data): every tensor of `dtype`, back to back from 0 in the
+    order `write_file` writes them, ending exactly at the end of the file."""
+    name, itemsize = DTYPE_NAMES[np.dtype(dtype)], np.dtype(dtype).itemsize
+    layout, end = {}, 0
+    spans = sorted(
+        (info.get("data_offsets", [-1])[0], tensor, info)
+        for tensor, info in header.items()
+        if tensor != "__metadata__" and isinstance(info, dict)
+    )
+    if len(spans) != len(header) - ("__metadata__" in header):
+        raise ModelFileError(f"{path}: a header entry is not an object")
+    for begin, tensor, info in spans:
+        shape = info.get("shape")
+        ok = (
+            info.get("dtype") == name
+            and isinstance(shape, list)
+            and all(isinstance(d, int) and d >= 0 for d in shape)
+            and info.get("data_offsets") == [end, end + math.prod(shape) * itemsize]
+        )
+        if not ok:
+            raise ModelFileError(f"{path}: tensor {tensor} is not where or what it should be")
+        layout[tensor] = (tuple(shape), begin)
+        end += math.prod(shape) * itemsize
+    if end != data_bytes:
+        raise ModelFileError(f"{path}: {data_bytes} bytes of data, the header says {end}")
+    return layout
+
+
 def map_file(path: Path, key: str, dtype) -> tuple[dict[str, np.ndarray], dict]:
     """Read-only arrays mapped from a cache file, and its metadata; ModelFileError when the
     file is not a complete cache file of this key and dtype (module docstring: checks)."""
-    from cel_numpy.models.loaders import read_safetensors_header
-
-    entries = read_safetensors_header(path)
-    meta = _metadata(path)
+    start, header = _header(path)
+    meta = _metadata(header, path)
     if meta.get("format") != f"cel-numpy-weights-{FORMAT_VERSION}" or meta.get("key") != key:
         raise ModelFileError(f"{path}: written for another model or format version")
-    name = DTYPE_NAMES[np.dtype(dtype)]
-    size = path.stat().st_size
-    data_start = min((e.offset for e in entries.values()), default=size)
-    if any(e.header.dtype != name for e in entries.values()):
-        raise ModelFileError(f"{path}: holds tensors that are not {name}")
-    if sum(e.n_bytes for e in entries.values()) != size - data_start:
-        raise ModelFileError(f"{path}: {size} bytes, not what its header adds up to (cut short?)")
+    layout = _layout(header, dtype, path.stat().st_size - start, path)
     with open(path, "rb") as f:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     arrays = {
-        n: np.frombuffer(
-            mapped, dtype=dtype, count=math.prod(e.header.shape), offset=e.offset
-        ).reshape(e.header.shape)
-        for n, e in entries.items()
+        n: np.frombuffer(mapped, dtype=dtype, count=math.prod(shape), offset=start + at).reshape(
+            shape
+        )
+        for n, (shape, at) in layout.items()
     }
     return arrays, meta
 
@@ -239,10 +271,9 @@ def map_file(path: Path, key: str, dtype) -> tuple[dict[str, np.ndarray], dict]:
 def verify_entry(path: Path) -> bool:
     """True when a cache file's data still has the sha256 recorded when it was written (reads
     every byte: not done on load)."""
-    meta = _metadata(path)
+    start, header = _header(path)
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return _data_sha256(f, 8 + n) == meta.get("data_sha256")
+        return _data_sha256(f, start) == _metadata(header, path).get("data_sha256")
 
 
 # --------------------------------------------------------------------------- the model's weights
