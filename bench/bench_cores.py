@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     ap.add_argument("--task", default="capitals")
     ap.add_argument("--size", type=int, default=50, help="items (D), default 50")
     ap.add_argument("--heads", type=int, default=16, help="sampled heads (default 16)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="rounds (0: the memory rows only)")
     ap.add_argument("--cores", default=f"1,{available_cores()}", help="core counts (1,all)")
     ap.add_argument("--batch-size", type=int, default=BATCH_SIZE)
     ap.add_argument(
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     theirs: dict[int, list] = {n: [] for n in cores}
     answers_ours, answers_torch, torch_threads, pools = {}, {}, {}, {}
     try:
-        for n in cores:
+        for n in cores if args.repeats else []:  # --repeats 0: the memory rows only
             pools[n] = OursPool(model, args.model, task, items, n, args.batch_size)
             print(f"ours, {n} worker(s) warm: one-off {pools[n].once:.1f} s (load {load()})",
                   flush=True)  # fmt: skip
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     med = lambda xs: float(np.median(xs))
     tag = f"{args.task} D={args.size}"
     rows = []
-    for n in cores:
+    for n in cores if args.repeats else []:
         once, t = (med([r[i] for r in ours[n]]) for i in range(2))
         whole = once + scale * t
         rows.append((tag, f"{n} core(s): ours, {n} worker(s) x 1 BLAS thread, {len(heads)} heads",
@@ -263,8 +263,11 @@ def main(argv=None) -> int:
                          f"{scale * tt / whole:.2f}x on the whole screen (est.; target >= "
                          f"{target}); answers equal: {same}"))  # fmt: skip
     one, many = cores[0], cores[-1]
-    t1, tn = med([r[1] for r in ours[one]]), med([r[1] for r in ours[many]])
-    rows.append((tag, f"ours, {many} workers vs {one}", f"{t1 / tn:.2f}x", "scaling of the sample"))
+    if args.repeats:
+        t1, tn = med([r[1] for r in ours[one]]), med([r[1] for r in ours[many]])
+        rows.append(
+            (tag, f"ours, {many} workers vs {one}", f"{t1 / tn:.2f}x", "scaling of the sample")
+        )
     if theirs[one] and theirs[many]:
         s = med(theirs[one]) / med(theirs[many])
         rows.append((tag, f"torch, {many} threads vs {one}", f"{s:.2f}x", "scaling of the sample"))
