@@ -231,7 +231,8 @@ def torch_llama_from(model):
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
     )
     ref = (transformers.Qwen2ForCausalLM if qwen else transformers.LlamaForCausalLM)(cfg).eval()
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    # a copy: weights mapped from the weight cache are read-only, which torch warns about
+    t = lambda a: torch.from_numpy(np.array(a, dtype=np.float32))
     heads = lambda W: W.transpose(0, 2, 1).reshape(-1, W.shape[1])  # (n, D, E) -> (n E, D)
     sd = {
         "model.embed_tokens.weight": t(p["embed"]["W_E"]),
