@@ -40,8 +40,10 @@ from dataclasses import dataclass
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_SECONDS = 1.0
 # Memory a screening worker needs besides the weights: its activations, the intact passes it
-# keeps (at most 1 GiB, `LMEvaluator(intact_cache_bytes=...)`) and its interpreter. Measured
-# (Pss of a SmolLM2 capitals screen worker at D=50, bench/bench_cores.py) and rounded up.
+# keeps (at most 1 GiB, `LMEvaluator(intact_cache_bytes=...)`) and its interpreter. A SmolLM2
+# capitals screen at D=50 peaked at 2.6 GiB resident in one process, 0.8 GiB of it weights
+# (docs/results/bench/bench-capitals50-final.txt): rounded up. At D=10 a second worker added
+# 0.22 GiB (docs/results/bench/cores-memory.txt).
 WORKER_BYTES = 2 << 30
 
 
