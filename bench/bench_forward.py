@@ -12,7 +12,9 @@ Not a test: prints one table of medians and ratios from one invocation. Models:
   smollm2  SmolLM2-135M-Instruct from its GGUF (`cel_numpy.load_model("smollm2")`); the torch side
            is a LlamaForCausalLM given our (dequantized, float32) weights.
 Rows:
-  forward      tokens/s of one intact forward of B x T tokens, logits at every position.
+  forward      tokens/s of one intact forward of B x T tokens, logits at every position: ours
+               (fast: `cel_numpy.models.fast.forward`, what the screen runs; plain: the reference
+               `transformer_forward`, what `Model.logits` runs) and torch, timed in turns.
   screen       every head zeroed alone; the score is the argmax of the next-token logits at the
                last position of every prompt, compared with a target (the intact argmax). Ours
                (shared prefixes, `cel_numpy.models.fast.ablated_readout`) vs our naive full
@@ -35,6 +37,7 @@ Install the reference side with: pip install torch==2.13.0 transformers threadpo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import resource
@@ -71,6 +74,28 @@ def pin_threads(n: int) -> str:
     return f"{blas} threads; torch {torch.get_num_threads() if torch is not None else '-'}"
 
 
+VECTOR_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+                "avx512_bf16", "amx_tile")  # fmt: skip
+
+
+def cpu_summary() -> str:
+    """The CPU model and its vector extensions (from /proc/cpuinfo; what BLAS kernels use)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    found = [f for f in VECTOR_FLAGS if f in flags]
+    return f"{name}; vector extensions: {' '.join(found) or 'unknown'}"
+
+
 def median_time(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
@@ -78,6 +103,20 @@ def median_time(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def interleaved_medians(paths: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each path, timed in turns (a, b, c, a, b, c, ...) after one untimed
+    call each: on a shared machine a change of load then hits every path alike."""
+    for fn in paths.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, fn in paths.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def gemm_peak(repeats: int) -> tuple[float, str]:
@@ -192,7 +231,8 @@ def torch_llama_from(model):
         rope_parameters={"rope_type": "default", "rope_theta": c.rope_base},
     )
     ref = (transformers.Qwen2ForCausalLM if qwen else transformers.LlamaForCausalLM)(cfg).eval()
-    t = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    # a copy: weights mapped from the weight cache are read-only, which torch warns about
+    t = lambda a: torch.from_numpy(np.array(a, dtype=np.float32))
     heads = lambda W: W.transpose(0, 2, 1).reshape(-1, W.shape[1])  # (n, D, E) -> (n E, D)
     sd = {
         "model.embed_tokens.weight": t(p["embed"]["W_E"]),
@@ -258,16 +298,16 @@ def bench_model(name: str, args, rows: list) -> None:
 
     # ---- forward
     peak, peak_shape = gemm_peak(args.repeats)
-    t_fast = median_time(lambda: forward(prep, ids, mask), args.repeats)
-    t_plain = median_time(
-        lambda: transformer_forward(model.params, c, ids, mask, keep_activations=False),
-        args.repeats,
-    )
-    t_torch = None
+    paths = {
+        "fast": lambda: forward(prep, ids, mask),
+        "plain": lambda: transformer_forward(model.params, c, ids, mask, keep_activations=False),
+    }
     if ref is not None:
         tid = torch.from_numpy(ids)
-        with torch.inference_mode():
-            t_torch = median_time(lambda: ref(tid).logits, args.repeats)
+        paths["torch"] = lambda: ref(tid).logits
+    with torch.inference_mode() if ref is not None else contextlib.nullcontext():
+        medians = interleaved_medians(paths, args.repeats)
+    t_fast, t_plain, t_torch = medians["fast"], medians["plain"], medians.get("torch")
     peak2, _ = gemm_peak(args.repeats)  # again after: the machine is shared, keep the better
     peak = max(peak, peak2)
     flops = forward_flops(c, B, T)
@@ -443,7 +483,7 @@ def main(argv=None) -> int:
             print(" | ".join(r), flush=True)
     load = os.getloadavg()
     print(
-        f"\nmachine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"\nmachine: {cpu_summary()}, {os.cpu_count()} cores, "
         f"numpy {np.__version__}"
         + (
             f", torch {torch.__version__}, transformers {transformers.__version__}"

@@ -47,7 +47,7 @@ def main() -> None:
             f"{name}: float32 weights {m['weights'] / 1e9:.3f} GB; "
             f"peak RSS {m['peak'] / 1e9:.3f} GB "
             f"(baseline {m['base'] / 1e9:.3f} GB); load cost {ratio:.2f}x the weights, "
-            f"peak/weights {m['peak'] / m['weights']:.2f}x; {m['seconds']:.0f} s"
+            f"peak/weights {m['peak'] / m['weights']:.2f}x; {m['seconds']:.2f} s"
         )
 
 

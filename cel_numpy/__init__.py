@@ -9,14 +9,16 @@
 from pathlib import Path
 
 
-def load_model(source, *, dtype="float32"):
+def load_model(source, *, dtype="float32", weight_cache=None):
     """Load a Model from a known name ("smollm2"), a HF folder, a .gguf or a .npz export.
 
     dtype: "float32" (default, inference) or "float64". See cel_numpy.models.model.Model.
+    weight_cache: None (default: float32 GGUF models are mapped read-only from the cache,
+    shared by every process), True or False; see cel_numpy.models.weight_cache.
     """
     from cel_numpy.models.loaders import load_model as _load_model
 
-    return _load_model(source, dtype=dtype)
+    return _load_model(source, dtype=dtype, weight_cache=weight_cache)
 
 
 def fixtures_dir() -> Path:

@@ -21,7 +21,7 @@ import cel_numpy as cn
 from cel_numpy.attention import padded_causal_mask
 from cel_numpy.errors import TokenizerError
 from cel_numpy.models.config import ConfigError, ModelConfig
-from cel_numpy.models.gguf_loader import tokenizer_from_gguf
+from cel_numpy.models.gguf_loader import gguf_tokenizer
 from cel_numpy.models.model import Model
 from cel_numpy.models.transformer import sliding_window_mask
 
@@ -127,7 +127,7 @@ def _tokenizer_gguf(path: Path, add_space_prefix: bool | None, tokens: list[str]
 def test_sentencepiece_gguf_with_a_space_prefix_is_refused(tmp_path, prefix):
     path = _tokenizer_gguf(tmp_path / "t.gguf", prefix, ["a", "b"])
     with pytest.raises(TokenizerError, match="add_space_prefix is true \\(or absent\\)") as info:
-        tokenizer_from_gguf(gguf.GGUFReader(path))
+        gguf_tokenizer(gguf.GGUFReader(path))
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
 
 
@@ -135,14 +135,14 @@ def test_sentencepiece_vocabulary_needs_every_byte_token(tmp_path):
     tokens = ["<unk>", "a"] + [f"<0x{b:02X}>" for b in range(255)]  # 0xFF missing
     path = _tokenizer_gguf(tmp_path / "t.gguf", False, tokens)
     with pytest.raises(TokenizerError, match="lacks the byte token <0xFF>"):
-        tokenizer_from_gguf(gguf.GGUFReader(path))
+        gguf_tokenizer(gguf.GGUFReader(path))
 
 
 def test_sentencepiece_merges_by_vocabulary_rank_with_byte_fallback(tmp_path):
     # "ab" ranks above "bc": "abc" -> ab + c; "é" is no token: its two UTF-8 bytes
     tokens = ["<unk>", "a", "b", "c", "\u2581", "ab", "bc", "\u2581a", "  "]
     tokens += [f"<0x{b:02X}>" for b in range(256)]
-    tok = tokenizer_from_gguf(gguf.GGUFReader(_tokenizer_gguf(tmp_path / "t.gguf", False, tokens)))
+    tok = gguf_tokenizer(gguf.GGUFReader(_tokenizer_gguf(tmp_path / "t.gguf", False, tokens)))
     spell = lambda text: [tok.id_to_token(i) for i in tok.encode(text)]
     assert spell("abc") == ["ab", "c"]
     assert spell("bcab a") == ["bc", "ab", "\u2581a"]

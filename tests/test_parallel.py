@@ -96,3 +96,41 @@ def test_lm_evaluator_pickles_as_its_spec():
     assert clone.identity() == ev.identity()
     conds = [(), ((3, 1),)]
     assert clone.evaluate_many(items, conds) == ev.evaluate_many(items, conds)
+
+
+def test_a_worker_keeps_its_evaluator_across_chunks():
+    """Every chunk arrives as a new pickle of the same evaluator: the worker reuses the one it
+    built (its intact answers stay computed), and another evaluator gets a new one."""
+    from cel_numpy.models.loaders import load_model
+    from cel_numpy.tasks import get_task
+    from cel_numpy.tasks.panels import make_panels
+
+    model = load_model("smollm2")
+    task = get_task("capitals")
+    items, _ = make_panels(task, 3, 1, 0)
+    ev = LMEvaluator(model, task, spec="smollm2")
+    first = pickle.loads(pickle.dumps(ev))
+    conds = [((29, h),) for h in range(4)]  # enough conditions for the intact answers
+    assert first.evaluate_many(items, conds) == ev.evaluate_many(items, conds)
+    assert "_intact_memo" in first.__dict__
+    assert pickle.loads(pickle.dumps(ev)) is first
+    other = LMEvaluator(model, task, spec="smollm2", batch_size=3)
+    assert pickle.loads(pickle.dumps(other)) is not first
+
+
+@pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), ("3", 3), ("1", 1)])
+def test_workers_option_reads_auto_or_a_number(value, expected):
+    from cel_numpy.localize.cli import workers_option
+
+    assert workers_option(value) == expected
+
+
+def test_workers_option_refuses_other_words(tmp_path):
+    from helpers import run_cli
+
+    status, err = run_cli(
+        ["localize", "--model", "theory", "--task", "A", "--out", str(tmp_path / "r"),
+         "--workers", "many"]
+    )  # fmt: skip
+    assert status == 2
+    assert "argument --workers: expected a number of processes or auto, got 'many'" in err

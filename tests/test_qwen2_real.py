@@ -91,9 +91,10 @@ def test_padding_rows_are_never_generated(qwen2):
     pad = qwen2.padding_ids
     assert pad.tolist() == list(range(151665, 151936)), "271 '[PAD...]' rows after the tokens"
     prompt = [qwen2.encode("Hello")]
-    W_U = qwen2.params["unembed"]["W_U"]  # (D, V)
+    saved = qwen2.params["unembed"]["W_U"]  # (D, V), read-only when mapped from the weight cache
+    W_U = saved.copy()
     best = int(np.argmax(qwen2.next_token_logits(prompt)[0]))
-    saved = W_U[:, pad[0]].copy()
+    qwen2.params["unembed"]["W_U"] = W_U
     try:  # give a padding row twice the winning token's logit: it must still not be produced
         W_U[:, pad[0]] = 2 * W_U[:, best]
         logits = qwen2.next_token_logits(prompt)[0]
@@ -101,7 +102,7 @@ def test_padding_rows_are_never_generated(qwen2):
         new = qwen2.generate_ids(prompt, 3, stop_at_eos=False)[0]
         assert not set(new) & set(pad.tolist()), new
     finally:
-        W_U[:, pad[0]] = saved
+        qwen2.params["unembed"]["W_U"] = saved
 
 
 # --------------------------------------------------------------------------- golden logits

@@ -123,11 +123,12 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="evaluate condition chunks in N processes (default 1: sequential; "
-        "results are identical)",
+        type=workers_option,
+        default="auto",
+        metavar="N|auto",
+        help="evaluate condition chunks in N processes, one BLAS thread each (default auto: one "
+        "per core, as many as the available memory holds; 1: sequential, BLAS on every core); "
+        "results are identical",
     )
     p.add_argument(
         "--screen",
@@ -246,6 +247,18 @@ def fold_option(args) -> tuple[int, int] | None:
             f"--fold {args.fold} --folds {args.folds}: want --folds K >= 2 and 0 <= --fold < K"
         )
     return args.fold, args.folds
+
+
+def workers_option(text: str):
+    """--workers: "auto" or a whole number (checked >= 1 with the other options)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of processes or auto, got {text!r}"
+        ) from None
 
 
 def file_identity(path: Path) -> dict:
@@ -460,7 +473,7 @@ def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> int:
 
 
 def lm_setup(args, task, cross):
-    """(task, cross tasks, make_evaluator) for a real language model."""
+    """(task, cross tasks, make_evaluator, model) for a real language model."""
     from cel_numpy.localize.evaluate import LMEvaluator
     from cel_numpy.localize.routine import build_panels, cross_panel
     from cel_numpy.models.loaders import load_model, resolve_source
@@ -516,7 +529,7 @@ def lm_setup(args, task, cross):
             )
         return cache[t.name]
 
-    return task, cross, make_evaluator
+    return task, cross, make_evaluator, model
 
 
 def check_options(args) -> None:
@@ -529,7 +542,8 @@ def check_options(args) -> None:
         raise OptionError(
             f"--discovery and --heldout must be >= 1 (got {args.discovery}, {args.heldout})"
         )
-    for flag, value in (("--batch-size", args.batch_size), ("--workers", args.workers)):
+    workers = 1 if args.workers == "auto" else args.workers
+    for flag, value in (("--batch-size", args.batch_size), ("--workers", workers)):
         if value < 1:
             raise OptionError(f"{flag} must be >= 1, got {value}")
     if args.seed < 0 or args.theory_seed < 0:
@@ -580,22 +594,46 @@ def check_options(args) -> None:
         )
 
 
-def make_worker_pool(n_workers: int, quiet: bool = False):
-    """The process pool for --workers N (None for 1); warns when N exceeds the cores here."""
-    from cel_numpy.localize.workers import WorkerPool, available_cores
+def make_worker_pool(workers, weights: int = 0, shared: bool = True, quiet: bool = False):
+    """The process pool for --workers N|auto (None for one process); says the plan on stderr.
 
-    if n_workers <= 1:
-        return None
+    auto: one worker per core, capped by the available memory (`workers.auto_workers`): the
+    model's `weights` bytes count once when they are `shared` (mapped from the weight cache),
+    else once per worker; one process for the theory model (no `weights`: its evaluations take
+    milliseconds, workers would only add their start-up). N larger than the cores: a warning.
+    """
+    from cel_numpy.localize.workers import (
+        WORKER_BYTES,
+        WorkerPool,
+        auto_workers,
+        available_cores,
+        available_memory,
+    )
+
     cores = available_cores()
-    if n_workers > cores:
+    say = (lambda text: None) if quiet else (lambda text: print(text, file=sys.stderr, flush=True))
+    if workers == "auto" and not weights:  # the theory model: milliseconds per evaluation
+        workers = 1
+    if workers == "auto":
+        plan = auto_workers(
+            cores,
+            available_memory(),
+            weights if shared else 0,
+            WORKER_BYTES + (0 if shared else weights),
+        )
+        say(f"cel-numpy: --workers auto: {plan.describe()}")
+        workers = plan.workers
+    if workers <= 1:
+        return None
+    if workers > cores:
         print(
-            f"cel-numpy localize: warning: --workers {n_workers} is more than the {cores} CPU "
+            f"cel-numpy localize: warning: --workers {workers} is more than the {cores} CPU "
             "cores here: the extra workers only compete for them (each stage starts at most one "
             "worker per chunk of conditions)",
             file=sys.stderr,
             flush=True,
         )
-    return WorkerPool(n_workers)
+    return WorkerPool(workers)
 
 
 def check_code_consent(args, tasks) -> None:
@@ -639,11 +677,13 @@ def _prepare(args):
             if args.ablation == "resample":
                 resample_donors([it.cluster for it in heldout], resample_seed(args))
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
+    weights, shared = 0, True
     if theory:
         task, cross, make_evaluator = theory_setup(args, which, cross_names)
     else:
-        task, cross, make_evaluator = lm_setup(args, task, cross)
-    executor = make_worker_pool(args.workers)
+        task, cross, make_evaluator, model = lm_setup(args, task, cross)
+        weights, shared = model.weight_bytes(), model.weight_cache is not None
+    executor = make_worker_pool(args.workers, weights, shared, quiet=args.quiet)
     return task, cross, make_evaluator, executor
 
 
@@ -793,7 +833,13 @@ def register_test_heads(subparsers) -> None:
     p.add_argument(
         "--batch-size", type=int, default=BATCH_SIZE, help=f"prompts per forward ({BATCH_SIZE})"
     )
-    p.add_argument("--workers", type=int, default=1, metavar="N", help="processes (default 1)")
+    p.add_argument(
+        "--workers",
+        type=workers_option,
+        default="auto",
+        metavar="N|auto",
+        help="processes (default auto: one per core, as memory allows)",
+    )
     p.add_argument("--tau", type=float, default=1.0, help="theory only (default 1.0)")
     p.add_argument("--theory-seed", type=int, default=0, help="theory only (default 0)")
     add_fold_arguments(p)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -336,9 +337,22 @@ class LMEvaluator:
 
 
 _WORKER_MODELS: dict = {}  # spec -> Model, one load per worker process
+# The evaluator a worker last unpickled, by the digest of its pickled state: every chunk of a
+# stage arrives as a new pickle of the same evaluator, and rebuilding it would redo its one-off
+# work (the intact answers and intact passes of `cel_numpy.localize.fast`) once per chunk
+# instead of once per worker. One is kept (the stage's current panel), so memory stays bounded.
+_WORKER_EVALUATOR: dict = {}
 
 
 def _lm_evaluator_from_spec(state: dict) -> LMEvaluator:
+    key = hashlib.sha256(pickle.dumps(state)).hexdigest()
+    if key not in _WORKER_EVALUATOR:
+        _WORKER_EVALUATOR.clear()
+        _WORKER_EVALUATOR[key] = _new_lm_evaluator(state)
+    return _WORKER_EVALUATOR[key]
+
+
+def _new_lm_evaluator(state: dict) -> LMEvaluator:
     from cel_numpy.models.loaders import load_model
 
     spec = state["spec"]

@@ -22,7 +22,9 @@ SLOW_AFTER = 180.0  # seconds: a stage estimated to take longer says so after it
 
 class Progress:
     """slow_hint: printed with the estimated total time once the first block is timed, if that
-    estimate exceeds SLOW_AFTER seconds (e.g. how to make a long screen faster)."""
+    estimate exceeds SLOW_AFTER seconds (e.g. how to make a long screen faster); plan: how the
+    work runs ("2 workers x 1 BLAS thread"), printed with that estimate; parallel: blocks
+    computed at once (workers), so the first block's time is that of `parallel` blocks."""
 
     def __init__(
         self,
@@ -32,6 +34,8 @@ class Progress:
         enabled: bool = True,
         width: int = 24,
         slow_hint: str | None = None,
+        plan: str = "",
+        parallel: int = 1,
     ):
         self.label = label
         self.total = max(int(total), 0)
@@ -43,6 +47,8 @@ class Progress:
         self.start = time.monotonic()
         self.next_decile = 1
         self.slow_hint = slow_hint
+        self.plan = plan
+        self.parallel = max(1, int(parallel))
 
     def line(self) -> str:
         frac = self.done / self.total if self.total else 1.0
@@ -63,11 +69,12 @@ class Progress:
             return
         if first and self.slow_hint and self.done < self.total:
             elapsed = time.monotonic() - self.start
-            estimate = elapsed / self.done * self.total
+            estimate = elapsed / self.done * self.total / min(self.parallel, self.total)
             if estimate > SLOW_AFTER:
+                plan = f" with {self.plan}" if self.plan else ""
                 self.stream.write(
-                    f"{self.label:<10} about {_fmt_seconds(estimate)} in all at the pace of its "
-                    f"first {self.done} of {self.total} ({_fmt_seconds(elapsed)}); "
+                    f"{self.label:<10} about {_fmt_seconds(estimate)} in all{plan} at the pace of "
+                    f"its first {self.done} of {self.total} ({_fmt_seconds(elapsed)}); "
                     f"{self.slow_hint}\n"
                 )
         if self.tty:

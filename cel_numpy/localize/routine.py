@@ -163,9 +163,18 @@ def _as_scored(d: dict) -> Scored:
 
 SLOW_HINTS = {  # what to try when a stage's first block predicts a long wait
     "screen-exact": "faster: --screen gradient (first-order pre-filter, then exact on the top "
-    "--candidates) or --workers N (one process per core)",
-    "screen-gradient": "faster: --workers N (one process per core) or fewer --candidates",
+    "--candidates), or more cores (--workers auto, the default, starts one process per core)",
+    "screen-gradient": "faster: fewer --candidates, or more cores (--workers auto, the default, "
+    "starts one process per core)",
 }
+
+
+def describe_single_process() -> str:
+    """The plan of a run without workers, for the time estimate."""
+    from cel_numpy.localize.workers import blas_threads
+
+    n = blas_threads()
+    return f"1 process, {n} BLAS thread{'s' * (n != 1)}"
 
 
 def evaluate_chunk(evaluator, items, conditions):
@@ -475,6 +484,8 @@ class Localizer:
             slow_hint=SLOW_HINTS.get(
                 stage if stage != "screen" else f"screen-{self.screen_method}"
             ),
+            plan=self._plan(),
+            parallel=min(getattr(self.executor, "n_workers", 1), max(len(chunks), 1)),
         )
 
         def compute(chunk):
@@ -577,6 +588,12 @@ class Localizer:
             "(two passes agree)"
         )
         return summary
+
+    def _plan(self) -> str:
+        """How the stages run (workers and BLAS threads), printed with the time estimate."""
+        if self.executor is None:
+            return describe_single_process()
+        return getattr(self.executor, "describe", lambda: "")()
 
     def _gradient_estimates(self) -> tuple[list[list[float]], str]:
         """Estimated gain of removing each head (L, H), computed once and kept in gradient.json."""

@@ -3,6 +3,10 @@
     pool = WorkerPool(n)          an Executor; the routine submits chunks of conditions to it
     pool.plan(n_chunks)           before a stage: at most one worker per chunk (never more than n)
     pool.terminate()              on Ctrl-C / SIGTERM / an error: kill the workers now
+    auto_workers(...)             `--workers auto`: the cores here, capped by available memory
+
+Each worker runs its BLAS with one thread (threadpoolctl, set when it starts): N workers on N
+cores, not N x N threads competing for them.
 
 Workers are forked from the parent (they inherit the loaded model without pickling it) and
 
@@ -31,9 +35,16 @@ import sys
 import threading
 import time
 from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import dataclass
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_SECONDS = 1.0
+# Memory a screening worker needs besides the weights: its activations, the intact passes it
+# keeps (at most 1 GiB, `LMEvaluator(intact_cache_bytes=...)`) and its interpreter. A SmolLM2
+# capitals screen at D=50 peaked at 2.6 GiB resident in one process, 0.8 GiB of it weights
+# (docs/results/bench/bench-capitals50-final.txt): rounded up. At D=10 a second worker added
+# 0.22 GiB (docs/results/bench/cores-memory.txt).
+WORKER_BYTES = 2 << 30
 
 
 def available_cores() -> int:
@@ -42,6 +53,60 @@ def available_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says new processes can use without swapping (MemAvailable), or None
+    where /proc/meminfo does not exist."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """How many workers `--workers auto` starts, and why (printed before the run)."""
+
+    workers: int
+    cores: int
+    memory_cap: int | None  # workers the available memory allows (None: unknown)
+    available: int | None  # bytes (MemAvailable)
+    shared: int  # bytes every worker maps once (weights from the cache), counted once
+    per_worker: int  # bytes each worker needs of its own
+
+    def describe(self) -> str:
+        threads = "1 BLAS thread each" if self.workers > 1 else f"{blas_threads()} BLAS threads"
+        head = f"{self.workers} worker{'s' * (self.workers != 1)}, {threads}"
+        if self.available is None:
+            return f"{head} ({self.cores} cores; available memory unknown)"
+        gb = lambda n: f"{n / 1e9:.1f} GB"
+        return (
+            f"{head} ({self.cores} cores; memory for {self.memory_cap}: {gb(self.available)} "
+            f"available, {gb(self.shared)} of weights mapped once, about {gb(self.per_worker)} "
+            "per worker)"
+        )
+
+
+def auto_workers(
+    cores: int, available: int | None, shared: int, per_worker: int = WORKER_BYTES
+) -> WorkerPlan:
+    """One worker per core, as many as `available` bytes hold: `shared` bytes once (weights
+    mapped from the weight cache, one copy for all) plus `per_worker` each; at least one."""
+    cap = None if available is None else max(1, (available - shared) // max(per_worker, 1))
+    n = max(1, min(cores, cap if cap is not None else cores))
+    return WorkerPlan(n, cores, cap, available, shared, per_worker)
+
+
+def blas_threads() -> int:
+    """Threads NumPy's BLAS uses in this process (the largest pool threadpoolctl reports)."""
+    from threadpoolctl import threadpool_info
+
+    return max((int(d.get("num_threads", 1)) for d in threadpool_info()), default=1)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -66,6 +131,9 @@ def worker_init(parent_pid: int) -> None:
     threading.Thread(
         target=_watch_parent, args=(parent_pid,), daemon=True, name="cel-numpy-watch-parent"
     ).start()
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1)  # stays in force for the worker's life: one core each
 
 
 def _context():
@@ -99,6 +167,10 @@ class WorkerPool(Executor):
             initargs=(os.getpid(),),
         )
         self.size = want
+
+    def describe(self) -> str:
+        """The plan in a few words, for the time estimate."""
+        return f"{self.n_workers} workers x 1 BLAS thread"
 
     def submit(self, fn, /, *args, **kwargs):
         if self._pool is None:

@@ -101,18 +101,53 @@ def _cat_bias(parts: Sequence[np.ndarray | None], sizes: Sequence[int], dtype) -
     ).astype(dtype, copy=False)
 
 
-def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
+def _fused_layer(p: dict, config: ModelConfig, dtype) -> dict[str, np.ndarray]:
+    """The matrices `prepare` builds by concatenation (the rest are the model's own arrays):
+    W_qkv (D, (H + 2G) E), and a gated MLP's W_up (D, 2F) = [W_gate | W_in]."""
+    a, m = p["attn"], p["mlp"]
+    D = config.d_model
+    flat = lambda W: W.transpose(1, 0, 2).reshape(D, -1)  # (H, D, E) -> (D, H E)
+    fused = {
+        "W_qkv": np.ascontiguousarray(
+            np.concatenate([flat(a["W_Q"]), flat(a["W_K"]), flat(a["W_V"])], axis=1), dtype
+        )
+    }
+    if "W_gate" in m:
+        W_up = np.concatenate([m["W_gate"], m["W_in"]], axis=1)  # (D, 2F)
+        fused["W_up"] = np.ascontiguousarray(W_up, dtype)
+    return fused
+
+
+def _fused_weights(model, dtype) -> list[dict[str, np.ndarray]]:
+    """Every layer's `_fused_layer`, mapped from the weight cache when the model has one (one
+    copy shared by every process, `weight_cache.shared_arrays`), else built here."""
+    from cel_numpy.models.weight_cache import shared_arrays
+
+    def build() -> dict[str, np.ndarray]:
+        return {
+            f"{j}.{name}": W
+            for j, p in enumerate(model.params["blocks"])
+            for name, W in _fused_layer(p, model.config, dtype).items()
+        }
+
+    arrays = shared_arrays(model, FUSED_LAYOUT, build)
+    return [
+        {name: arrays[f"{j}.{name}"] for name in ("W_qkv", "W_up") if f"{j}.{name}" in arrays}
+        for j in range(len(model.params["blocks"]))
+    ]
+
+
+FUSED_LAYOUT = "fast1"  # names the arrays `_fused_layer` builds: change it when they change
+
+
+def _prepare_layer(p: dict, config: ModelConfig, dtype, fused: dict) -> LayerWeights:
     a, m = p["attn"], p["mlp"]
     H, G, E, D = config.n_heads, config.n_kv_heads, config.d_head, config.d_model
-    flat = lambda W: W.transpose(1, 0, 2).reshape(D, -1)  # (H, D, E) -> (D, H E)
-    W_qkv = np.ascontiguousarray(
-        np.concatenate([flat(a["W_Q"]), flat(a["W_K"]), flat(a["W_V"])], axis=1), dtype
-    )
     b_qkv = _cat_bias([a.get("b_Q"), a.get("b_K"), a.get("b_V")], [H * E, G * E, G * E], dtype)
     W_O = np.ascontiguousarray(a["W_O"].reshape(H * E, D), dtype)
     if "W_gate" in m:
         F = config.d_mlp
-        W_up = np.ascontiguousarray(np.concatenate([m["W_gate"], m["W_in"]], axis=1), dtype)
+        W_up = fused["W_up"]
         b_up = _cat_bias([m.get("b_gate"), m.get("b_in")], [F, F], dtype)  # (2F,)
     else:
         W_up, b_up = np.ascontiguousarray(m["W_in"], dtype), m.get("b_in")
@@ -121,7 +156,7 @@ def _prepare_layer(p: dict, config: ModelConfig, dtype) -> LayerWeights:
         "ln1_post_w": p.get("ln1_post", {}).get("w"), "ln2_post_w": p.get("ln2_post", {}).get("w"),
     }  # fmt: skip
     return LayerWeights(
-        ln1_w=p["ln1"]["w"], ln1_b=p["ln1"].get("b"), W_qkv=W_qkv, b_qkv=b_qkv, W_O=W_O,
+        ln1_w=p["ln1"]["w"], ln1_b=p["ln1"].get("b"), W_qkv=fused["W_qkv"], b_qkv=b_qkv, W_O=W_O,
         b_O=a.get("b_O"), ln2_w=p["ln2"]["w"], ln2_b=p["ln2"].get("b"),
         W_up=W_up, b_up=b_up, W_out=np.ascontiguousarray(m["W_out"], dtype), b_out=m.get("b_out"),
         **gemma,
@@ -172,7 +207,10 @@ def prepare(model) -> Prepared:
     prep = _PREPARED.get(model)
     if prep is None or prep.params is not model.params:
         dtype = model.params["embed"]["W_E"].dtype
-        layers = [_prepare_layer(p, model.config, dtype) for p in model.params["blocks"]]
+        fused = _fused_weights(model, dtype)
+        layers = [
+            _prepare_layer(p, model.config, dtype, f) for p, f in zip(model.params["blocks"], fused)
+        ]
         padding = np.asarray(getattr(model, "padding_ids", ()), np.int64)  # (n,)
         prep = Prepared(
             config=model.config, params=model.params, layers=layers, dtype=np.dtype(dtype),

@@ -393,9 +393,7 @@ def load_gguf(
     config = read_gguf_config(reader, path)
     check_config(config)
     check_tensors(config, "gguf", tensor_headers(reader), str(path))
-    tokenizer = None
-    if "tokenizer.ggml.tokens" in reader.fields:
-        tokenizer = tokenizer_from_gguf(reader)
+    tokenizer = gguf_tokenizer(reader)
     check_tokenizer(tokenizer, config)
     infos = {t.name: TensorInfo.of(t) for t in reader.tensors}
     del reader
@@ -419,19 +417,31 @@ def load_gguf(
     return params, config, tokenizer
 
 
-def tokenizer_from_gguf(reader):
-    """The tokenizer a GGUF file describes: byte-level BPE (tokenizer model 'gpt2') or
-    SentencePiece-style BPE with byte fallback (model 'llama', Gemma: `sentencepiece.py`)."""
-    from cel_numpy.models.sentencepiece import SentencePieceTokenizer
-    from cel_numpy.models.tokenizer import BPETokenizer
+def gguf_tokenizer(fields):
+    """The tokenizer of a GGUF file's `tokenizer.*` fields, or None when it has none: byte-level
+    BPE (tokenizer model 'gpt2') or SentencePiece-style BPE with byte fallback (model 'llama',
+    Gemma: `sentencepiece.py`). `fields`: a GGUFReader, or the dict `tokenizer_fields` returns
+    (the weight cache keeps it)."""
+    names = fields if isinstance(fields, dict) else fields.fields
+    if "tokenizer.ggml.tokens" not in names:
+        return None
+    from cel_numpy.models.tokenizer import BPETokenizer, gguf_field
 
     try:
-        model = _field(reader, "tokenizer.ggml.model", "gpt2")
+        model = gguf_field(fields, "tokenizer.ggml.model", default="gpt2")
     except (ValueError, IndexError, TypeError, UnicodeDecodeError):
         model = None  # a damaged field: the constructor names the file and the problem
     if model == "llama":
-        return SentencePieceTokenizer.from_gguf_fields(reader)
-    return BPETokenizer.from_gguf_fields(reader)
+        from cel_numpy.models.sentencepiece import SentencePieceTokenizer
+
+        return SentencePieceTokenizer.from_gguf_fields(fields)
+    return BPETokenizer.from_gguf_fields(fields)
+
+
+def tokenizer_fields(path: Path) -> dict:
+    """Every `tokenizer.*` field of a GGUF file, as plain values (JSON-safe)."""
+    reader = open_gguf(path)
+    return {k: _field(reader, k) for k in reader.fields if k.startswith("tokenizer.")}
 
 
 def gguf_storage(path: Path) -> dict[str, int]:

@@ -40,7 +40,9 @@ import numpy as np
 
 from cel_numpy.errors import ModelFileError, OptionError
 from cel_numpy.limits import as_path, read_json, require_regular_file
+from cel_numpy.models import weight_cache as wc
 from cel_numpy.models.config import ConfigError, ModelConfig
+from cel_numpy.models.transformer import flatten_params, unflatten_params
 from cel_numpy.models.weights import TensorHeader, build_params, check_tensors
 
 # names load_model fetches (cel_numpy.models.fetch)
@@ -55,6 +57,7 @@ def load_model(
     dtype=np.float32,
     check_config: Callable[[ModelConfig], None] | None = None,
     check_tokenizer: Callable[[object, ModelConfig], None] | None = None,
+    weight_cache: bool | None = None,
 ):
     """Load a Model from a known name ("smollm2"), a HF folder, a .gguf or a .npz file.
 
@@ -63,6 +66,9 @@ def load_model(
     is read: options that depend on the model (head specs, prompt lengths) fail there, cheaply.
     check_tokenizer(tokenizer or None, config), if given, runs once the tokenizer is loaded and
     before any weight is read: a prompt too long for the context fails there.
+    weight_cache: None (default) maps the weights of a float32 GGUF model from the cache
+    (`cel_numpy.models.weight_cache`: written on the first load, shared by every process, the
+    arrays read-only), unless CEL_NUMPY_WEIGHT_CACHE=0; True: any format and dtype; False: never.
     """
     from cel_numpy.models.model import Model
 
@@ -77,6 +83,66 @@ def load_model(
     path = resolve_source(source)
     if not path.is_dir():
         require_regular_file(path, "model file")  # a FIFO would block the first read forever
+    entry = _cache_entry(path, dtype, weight_cache)
+    hit = None if entry is None else wc.read_entry(entry, dtype, check)
+    if hit is not None:
+        flat, config, extra = hit
+        tokenizer = _tokenizer_of(path, extra)
+        check_tok(tokenizer, config)
+        model = Model(unflatten_params(flat), config, tokenizer, source=str(path))
+        model.weight_cache = entry
+        return model
+    params, config, tokenizer = _load_file(path, dtype, check, check_tok)
+    if entry is not None and config.n_params() * dtype.itemsize >= _min_bytes(weight_cache):
+        extra = {}
+        if path.suffix == ".gguf":
+            from cel_numpy.models.gguf_loader import tokenizer_fields
+
+            extra["gguf_tokenizer"] = tokenizer_fields(path)
+        mapped = wc.write_entry(entry, flatten_params(params), config, _format(path), extra)
+        if mapped is not None:
+            params = unflatten_params(mapped)
+        else:
+            entry = None
+    else:
+        entry = None
+    model = Model(params, config, tokenizer, source=str(path))
+    model.weight_cache = entry
+    return model
+
+
+def _cache_entry(path: Path, dtype, weight_cache: bool | None) -> Path | None:
+    """The weight cache file for this load, or None when the cache is not used (load_model)."""
+    if weight_cache is None:
+        use = path.suffix == ".gguf" and dtype == np.float32 and wc.enabled_by_environment()
+    else:
+        use = bool(weight_cache)
+    return wc.cache_entry(path, model_files(path), dtype) if use else None
+
+
+def _min_bytes(weight_cache: bool | None) -> int:
+    return wc.MIN_CACHE_BYTES if weight_cache is None else 0
+
+
+def _format(path: Path) -> str:
+    """The weight table's name of a file's format."""
+    return "hf" if path.is_dir() else path.suffix.lstrip(".")
+
+
+def _tokenizer_of(path: Path, extra: dict):
+    """The tokenizer of a model whose weights come from the cache: a GGUF file's from the fields
+    kept in the cache (no header parse), the others from their tokenizer files as usual."""
+    if path.suffix == ".gguf":
+        from cel_numpy.models.gguf_loader import gguf_tokenizer
+
+        return gguf_tokenizer(extra["gguf_tokenizer"])
+    if path.is_dir():
+        return load_folder_tokenizer(path)
+    return npz_tokenizer(path)
+
+
+def _load_file(path: Path, dtype, check, check_tok):
+    """(params, config, tokenizer) read from the model file itself."""
     if path.is_dir():
         params, config, tokenizer = load_hf_folder(path, dtype, check, check_tok)
     elif path.suffix == ".gguf":
@@ -90,7 +156,7 @@ def load_model(
             f"{path}: don't know how to load this file: expected a Hugging Face folder, "
             "a .gguf or a .npz file"
         )
-    return Model(params, config, tokenizer, source=str(path))
+    return params, config, tokenizer
 
 
 def resolve_source(source) -> Path:
@@ -456,7 +522,7 @@ def load_npz(
         check_config(config)
         del headers["config_json"]
         check_tensors(config, "npz", headers, str(path))
-        tokenizer = _npz_tokenizer(path)
+        tokenizer = npz_tokenizer(path)
         check_tokenizer(tokenizer, config)
 
         def read(name: str) -> np.ndarray:
@@ -471,8 +537,8 @@ def load_npz(
     return params, config, tokenizer
 
 
-def _npz_tokenizer(path: Path):
-    """STEM.vocab.json + STEM.merges.txt next to an .npz export, or None."""
+def npz_tokenizer(path: Path):
+    """The tokenizer of STEM.vocab.json + STEM.merges.txt beside a .npz export, or None."""
     vocab, merges = (
         path.with_name(f"{path.stem}.vocab.json"),
         path.with_name(f"{path.stem}.merges.txt"),

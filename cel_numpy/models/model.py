@@ -79,6 +79,7 @@ class Model:
         self.config = config
         self.tokenizer = tokenizer
         self.source = source
+        self.weight_cache = None  # the weight cache file the params are mapped from (read-only)
         self.padding_ids = np.zeros(0, dtype=np.int64)  # embedding rows that are no token
         if getattr(tokenizer, "vocab_size", None) is not None:  # any object with encode/decode
             if tokenizer.vocab_size > config.vocab_size:

@@ -956,12 +956,17 @@ def _gguf_template(reader) -> str | None:
 
 
 def gguf_field(reader, key: str, default=KeyError):
-    """Value of a GGUF metadata field: str, int, float, bool, or a list of them.
+    """Value of a GGUF metadata field: str, int, float, bool, or a list of them. `reader`: a
+    gguf.GGUFReader, or a dict of values already read.
 
     `field.data` indexes the value parts in `field.parts`; the other parts are the key and
     type headers. Concatenating the value parts works whether arrays are stored one part
     per element or as one block. Missing key: `default`, or KeyError if none is given.
     """
+    if isinstance(reader, dict):  # values read earlier (`gguf_loader.tokenizer_fields`)
+        if key not in reader and default is KeyError:
+            raise KeyError(f"GGUF file has no field {key!r}")
+        return reader.get(key, default)
     from gguf import GGUFValueType  # local: only GGUF users need the package
 
     field = reader.fields.get(key)
