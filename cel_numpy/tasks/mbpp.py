@@ -19,7 +19,9 @@ within 3 seconds in the sandbox (`cel_numpy.sandbox`): running it needs the user
 (`--allow-code-execution` or CEL_NUMPY_ALLOW_CODE_EXECUTION=1).
 
 Data: the 500 test problems (task_id 11-510; `load_rows("mbpp")`) and the three prompt problems
-(task_id 2, 3, 4, with their tests; `load_rows("mbpp-prompt")`) from `cel_numpy.datasets`, or
+with their tests (`load_rows("mbpp-prompt")`: task_id 3, 9, 4, the problems of the pinned
+OLMo 3-shot context; lm-eval's MBPP prompt uses 2, 3, 4 -- an open difference, docs/benchmarks.md)
+from `cel_numpy.datasets`, or
 rows passed in (`Mbpp(rows, prompt_rows)`). Every problem is a cluster of its own, so discovery
 and held-out panels never share a problem. The reference answer (for `ref_logprob`) is the
 problem's own solution followed by "\\n[DONE]".
