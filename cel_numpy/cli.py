@@ -72,7 +72,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from cel_numpy.demo import register as register_demo
-    from cel_numpy.explain import register as register_explain
+    from cel_numpy.explain.cli import register as register_explain
     from cel_numpy.localize.cli import register as register_localize
     from cel_numpy.models.cli import register as register_models
     from cel_numpy.theory.cli import register as register_theory

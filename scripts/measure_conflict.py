@@ -15,7 +15,8 @@
 4. The held-out tests of the primary sets on the copying tasks (`scripts/run_conflict.sh`
    run directories under --runs), as a table.
 
-Writes OUT/MODEL-screens.json and OUT/MODEL-conflict.md; prints the markdown.
+Writes OUT/MODEL-screens.json (reused by a rerun: delete it to measure again) and
+OUT/MODEL-conflict.md; prints the markdown.
 """
 
 from __future__ import annotations
@@ -50,7 +51,11 @@ PRIMARY_SETS = {  # lookup primary sets of docs/results (v3 and v4 rounds)
 }  # fmt: skip
 
 
-def screen(model, name: str, kind: str, reuse: Path | None, seed: int) -> tuple[np.ndarray, str]:
+def screen(
+    model, name: str, kind: str, reuse: Path | None, seed: int, saved: dict
+) -> tuple[np.ndarray, str]:
+    if name in saved.get("effects", {}):  # this script's own earlier output (OUT/MODEL-screens)
+        return np.array(saved["effects"][name]), saved["sources"][name]
     if reuse is not None and (reuse / f"{name}.json").exists():
         row = json.loads((reuse / f"{name}.json").read_text())["rows"][0]
         return np.array(row[kind]), f"{kind} (from {reuse / (name + '.json')})"
@@ -106,9 +111,13 @@ def main() -> None:
 
     model = cel_numpy.load_model(args.model)
     copying = ov_copying_scores(model)  # (L, H)
+    saved_path = args.out / f"{args.model}-screens.json"
+    saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
     effects, sources = {}, {}
     for name in args.tasks.split(","):
-        effects[name], sources[name] = screen(model, name, args.screen, args.reuse, args.seed)
+        effects[name], sources[name] = screen(
+            model, name, args.screen, args.reuse, args.seed, saved
+        )
     lines = [f"## {args.model}", "", "Spearman over all heads, OV copying score vs the change of "
              "M when the head alone is removed (positive: removal helps):", ""]  # fmt: skip
     corr = {}
