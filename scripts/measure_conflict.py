@@ -30,7 +30,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 import cel_numpy
-from cel_numpy.explain import ov_copying_scores
+from cel_numpy.explain import attended_lifts, ov_copying_scores
 from cel_numpy.heads import head_name, parse_heads
 from cel_numpy.localize import LMEvaluator
 from cel_numpy.localize.gradient import exact_metric_screen, gradient_screen
@@ -69,6 +69,21 @@ def screen(
     return effect, kind
 
 
+def panel_lift(model, name: str, seed: int) -> np.ndarray:
+    """(L, H) mean attended lift at the answer position over the 20-item discovery panel."""
+    task = get_task(name)
+    items, _ = make_panels(task, 20, 300, seed)
+    ev = LMEvaluator(model, task)
+    total = np.zeros((model.config.n_layers, model.config.n_heads))
+    for start in range(0, len(items), 8):
+        rows = [ev.prompt_ids(it.prompt) for it in items[start : start + 8]]
+        ids, mask = model.pad(rows)
+        _, cache = model.run_with_cache(ids, mask)
+        for b, row in enumerate(rows):
+            total += attended_lifts(model, cache, b, row)
+    return total / len(items)
+
+
 def percentile(scores: np.ndarray, value: float) -> float:
     return float((scores < value).mean() * 100)
 
@@ -105,6 +120,9 @@ def main() -> None:
     ap.add_argument("--screen", choices=("exact", "gradient"), default="exact")
     ap.add_argument("--reuse", type=Path, help="folder of measure_gradient_screen.py outputs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--lift-tasks", default="antonyms,capitals", help="tasks whose attended lift is measured"
+    )
     ap.add_argument("--runs", type=Path, default=Path("runs/conflict"))
     ap.add_argument("--out", type=Path, default=Path("docs/results/conflict"))
     args = ap.parse_args()
@@ -114,17 +132,27 @@ def main() -> None:
     saved_path = args.out / f"{args.model}-screens.json"
     saved = json.loads(saved_path.read_text()) if saved_path.exists() else {}
     effects, sources = {}, {}
-    for name in args.tasks.split(","):
+    for name in [n for n in args.tasks.split(",") if n]:  # --tasks "": copying scores only
         effects[name], sources[name] = screen(
             model, name, args.screen, args.reuse, args.seed, saved
         )
-    lines = [f"## {args.model}", "", "Spearman over all heads, OV copying score vs the change of "
-             "M when the head alone is removed (positive: removal helps):", ""]  # fmt: skip
+    lifts = {}
+    for name in [n for n in args.lift_tasks.split(",") if n]:
+        if name in saved.get("lift", {}):
+            lifts[name] = np.array(saved["lift"][name])
+        else:
+            start = time.perf_counter()
+            lifts[name] = panel_lift(model, name, args.seed)
+            print(f"  {name}: attended lifts in {time.perf_counter() - start:.0f} s", flush=True)
+    lines = [f"## {args.model}", "", "Spearman over all heads, a copying measure vs the change "
+             "of M when the head alone is removed (positive: removal helps):", ""]  # fmt: skip
     corr = {}
-    for name, eff in effects.items():
-        rho, p = spearmanr(copying.ravel(), eff.ravel())
-        corr[name] = {"rho": float(rho), "p": float(p)}
-        lines.append(f"- {name} ({sources[name]}): rho = {rho:+.3f} (p = {p:.2g})")
+    measures = {"OV copying": copying} | {f"attended lift on {k}": v for k, v in lifts.items()}
+    for label, measure in measures.items():
+        for name, eff in effects.items():
+            rho, p = spearmanr(measure.ravel(), eff.ravel())
+            corr[f"{label} vs {name}"] = {"rho": float(rho), "p": float(p)}
+            lines.append(f"- {label} vs {name} ({sources[name]}): rho = {rho:+.3f} (p = {p:.2g})")
     top = np.argsort(-copying.ravel(), kind="stable")[:10]
     L, H = copying.shape
     lines += ["", "The ten strongest copiers and what removing each alone does to M:", "",
@@ -139,8 +167,9 @@ def main() -> None:
         )
     lines += ["", "Heads of the lookup primary sets: copying score (percentile among all "
               f"{L * H} heads) and single-removal effects:", "",
-              "| head | in sets of | OV copying (pct) | " + " | ".join(effects) + " |",
-              "|---|---|---|" + "---|" * len(effects)]  # fmt: skip
+              "| head | in sets of | OV copying (pct) | "
+              + "".join(f"lift {k} (pct) | " for k in lifts) + " | ".join(effects) + " |",
+              "|---|---|---|" + "---|" * (len(effects) + len(lifts))]  # fmt: skip
     members: dict[tuple[int, int], set[str]] = {}
     for task, sets in PRIMARY_SETS[args.model].items():
         for s in sets:
@@ -150,6 +179,7 @@ def main() -> None:
         lines.append(
             f"| {head_name((l, h))} | {', '.join(sorted(tasks))} | {copying[l, h]:+.2f} "
             f"({percentile(copying, copying[l, h]):.0f}) | "
+            + "".join(f"{v[l, h]:+.2f} ({percentile(v, v[l, h]):.0f}) | " for v in lifts.values())
             + " | ".join(f"{eff[l, h]:+.3f}" for eff in effects.values())
             + " |"
         )
@@ -166,6 +196,7 @@ def main() -> None:
                 "copying": copying.tolist(),
                 "effects": {k: v.tolist() for k, v in effects.items()},
                 "sources": sources,
+                "lift": {k: v.tolist() for k, v in lifts.items()},
                 "spearman": corr,
             }
         )

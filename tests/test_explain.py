@@ -14,6 +14,7 @@ from cel_numpy.explain import (
     FIRST,
     OTHER,
     attended_lift,
+    attended_lifts,
     copying_score,
     direct_logit_attribution,
     explain,
@@ -161,6 +162,26 @@ def test_attended_lift_by_hand():
     assert attended_lift(logit, pattern, [1, 2, 2]) == pytest.approx(3 / std)
     assert attended_lift(logit, pattern, [1, 2, 4]) == pytest.approx(0.0)
     assert attended_lift(logit, np.array([1.0, 0.0]), [1, 2]) == 0.0
+
+
+@pytest.mark.parametrize("name", ["tiny_gpt2", "tiny_llama"])
+def test_attended_lifts_of_all_heads_equal_the_one_head_computation(name):
+    from cel_numpy.explain import final_norm_scale, head_logit_vector
+
+    rng = np.random.default_rng(6)
+    model = tiny(name)
+    ids, mask = batch(rng, model, lengths=(6, 9))
+    _, cache = model.run_with_cache(ids, mask)
+    for b, n in enumerate((6, 9)):
+        row = [int(i) for i in ids[b, -n:]]
+        scale = final_norm_scale(model, cache["blocks.1.resid_post"][b, -1])
+        lifts = attended_lifts(model, cache, b, row)
+        for l in range(2):
+            for h in range(model.config.n_heads):
+                z = cache[f"blocks.{l}.attn.z"][b, h, -1]
+                vec = head_logit_vector(model, z, l, h, scale)
+                pattern = cache[f"blocks.{l}.attn.pattern"][b, h, -1, -n:]
+                assert lifts[l, h] == pytest.approx(attended_lift(vec, pattern, row), abs=1e-9)
 
 
 # --------------------------------------------------------------------------- token roles

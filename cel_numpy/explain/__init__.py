@@ -165,6 +165,27 @@ def attended_lift(logit_vector: np.ndarray, pattern: np.ndarray, ids: Sequence[i
     return float((weights * zscores[np.asarray(ids[1:])]).sum() / weights.sum())
 
 
+def attended_lifts(model, cache, b: int, ids: Sequence[int]) -> np.ndarray:
+    """`attended_lift` of every head at the last position of row b -> (L, H), all heads' logit
+    vectors in one product; ids: the row's real tokens (the last len(ids) columns)."""
+    c = model.config
+    T = cache["blocks.0.attn.z"].shape[2]
+    real = slice(T - len(ids), T)
+    resid = cache[f"blocks.{c.n_layers - 1}.resid_post"][b, -1]  # (D,)
+    scale = final_norm_scale(model, resid)  # (1,)
+    outs = np.stack(
+        [
+            np.einsum("he,hed->hd", cache[f"blocks.{l}.attn.z"][b, :, -1], blk["attn"]["W_O"])
+            for l, blk in enumerate(model.params["blocks"])
+        ]
+    ).reshape(-1, c.d_model)  # (L * H, D)
+    vectors = through_final_norm(model, outs, scale) @ model.params["unembed"]["W_U"]  # (LH, V)
+    patterns = np.stack([cache[f"blocks.{l}.attn.pattern"][b, :, -1, real] for l in range(
+        c.n_layers)]).reshape(-1, len(ids))  # fmt: skip
+    lifts = [attended_lift(v, p, ids) for v, p in zip(vectors, patterns)]
+    return np.array(lifts).reshape(c.n_layers, c.n_heads)
+
+
 # --------------------------------------------------------------------------- OV circuit
 
 
