@@ -16,7 +16,7 @@
    run directories under --runs), as a table.
 
 Writes OUT/MODEL-screens.json (reused by a rerun: delete it to measure again) and
-OUT/MODEL-conflict.md; prints the markdown.
+a markdown page OUT/MODEL-conflict; prints the markdown.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.model}-conflict.md").write_text(text)
+    (args.out / (f"{args.model}-conflict" + ".md")).write_text(text)
     (args.out / f"{args.model}-screens.json").write_text(
         json.dumps(
             {
