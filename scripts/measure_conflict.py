@@ -144,8 +144,13 @@ def main() -> None:
             start = time.perf_counter()
             lifts[name] = panel_lift(model, name, args.seed)
             print(f"  {name}: attended lifts in {time.perf_counter() - start:.0f} s", flush=True)
-    lines = [f"## {args.model}", "", "Spearman over all heads, a copying measure vs the change "
-             "of M when the head alone is removed (positive: removal helps):", ""]  # fmt: skip
+    lines = [
+        f"## {args.model}",
+        "",
+        "Spearman over all heads, a copying measure vs the change "
+        "of M when the head alone is removed (positive: removal helps):",
+        "",
+    ]
     corr = {}
     measures = {"OV copying": copying} | {f"attended lift on {k}": v for k, v in lifts.items()}
     for label, measure in measures.items():
@@ -155,9 +160,13 @@ def main() -> None:
             lines.append(f"- {label} vs {name} ({sources[name]}): rho = {rho:+.3f} (p = {p:.2g})")
     top = np.argsort(-copying.ravel(), kind="stable")[:10]
     L, H = copying.shape
-    lines += ["", "The ten strongest copiers and what removing each alone does to M:", "",
-              "| head | OV copying | " + " | ".join(effects) + " |",
-              "|---|---|" + "---|" * len(effects)]  # fmt: skip
+    lines += [
+        "",
+        "The ten strongest copiers and what removing each alone does to M:",
+        "",
+        "| head | OV copying | " + " | ".join(effects) + " |",
+        "|---|---|" + "---|" * len(effects),
+    ]
     for flat in top:
         l, h = divmod(int(flat), H)
         lines.append(
@@ -165,11 +174,17 @@ def main() -> None:
             + " | ".join(f"{eff[l, h]:+.3f}" for eff in effects.values())
             + " |"
         )
-    lines += ["", "Heads of the lookup primary sets: copying score (percentile among all "
-              f"{L * H} heads) and single-removal effects:", "",
-              "| head | in sets of | OV copying (pct) | "
-              + "".join(f"lift {k} (pct) | " for k in lifts) + " | ".join(effects) + " |",
-              "|---|---|---|" + "---|" * (len(effects) + len(lifts))]  # fmt: skip
+    lines += [
+        "",
+        "Heads of the lookup primary sets: copying score (percentile among all "
+        f"{L * H} heads) and single-removal effects:",
+        "",
+        "| head | in sets of | OV copying (pct) | "
+        + "".join(f"lift {k} (pct) | " for k in lifts)
+        + " | ".join(effects)
+        + " |",
+        "|---|---|---|" + "---|" * (len(effects) + len(lifts)),
+    ]
     members: dict[tuple[int, int], set[str]] = {}
     for task, sets in PRIMARY_SETS[args.model].items():
         for s in sets:
@@ -183,8 +198,11 @@ def main() -> None:
             + " | ".join(f"{eff[l, h]:+.3f}" for eff in effects.values())
             + " |"
         )
-    lines += ["", "Held-out tests of the primary sets on the copying tasks (test-heads, seed 0):",
-              ""] + heldout_table(args.runs, args.model)  # fmt: skip
+    lines += [
+        "",
+        "Held-out tests of the primary sets on the copying tasks (test-heads, seed 0):",
+        "",
+    ] + heldout_table(args.runs, args.model)
     text = "\n".join(lines) + "\n"
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)

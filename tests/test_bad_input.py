@@ -890,25 +890,53 @@ CASES = [
     Case(
         "explain-theory",
         "explain on the theory model",
-        lambda t: ["explain", "--model", "theory", "--task", "ioi", "--heads", "L0H1",
-                   "--out", str(t / "x")],
+        lambda t: [
+            "explain",
+            "--model",
+            "theory",
+            "--task",
+            "ioi",
+            "--heads",
+            "L0H1",
+            "--out",
+            str(t / "x"),
+        ],
         r"explain reads a language model's attention and unembedding: give --model smollm2",
-    ),  # fmt: skip
+    ),
     Case(
         "explain-no-heads",
         "explain with --heads intact (no head to explain)",
-        lambda t: ["explain", "--model", "smollm2", "--task", "ioi", "--heads", "intact",
-                   "--out", str(t / "x")],
+        lambda t: [
+            "explain",
+            "--model",
+            "smollm2",
+            "--task",
+            "ioi",
+            "--heads",
+            "intact",
+            "--out",
+            str(t / "x"),
+        ],
         r"--heads: name at least one head, e\.g\. L13H2 or L8H1\+L13H2",
-    ),  # fmt: skip
+    ),
     Case(
         "explain-head-not-in-model",
         "explain with a head the model does not have (tiny GPT-2: 2 layers x 4 heads)",
-        lambda t: ["explain", "--model", str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))),
-                   "--task", "agreement", "--heads", "L5H0", "--heldout", "4",
-                   "--out", str(t / "x")],
+        lambda t: [
+            "explain",
+            "--model",
+            str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))),
+            "--task",
+            "agreement",
+            "--heads",
+            "L5H0",
+            "--heldout",
+            "4",
+            "--out",
+            str(t / "x"),
+        ],
         r"head L5H0 is not in the model: it has 2 layers x 4 heads",
-    ),  # fmt: skip
+    ),
 ]
 
 

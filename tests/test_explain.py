@@ -94,8 +94,9 @@ def test_patching_every_removed_head_back_gives_the_intact_model(name):
     _, cache = model.run_with_cache(ids, mask)
     intact = model.next_token_logits(ids, mask)
     patches = {(l, h): cache[f"blocks.{l}.attn.z"][:, h] for l, h in removed}
-    np.testing.assert_allclose(forward_patched(model, ids, mask, removed, patches), intact,
-                               atol=1e-10)  # fmt: skip
+    np.testing.assert_allclose(
+        forward_patched(model, ids, mask, removed, patches), intact, atol=1e-10
+    )
     # no patches: the model's own zero ablation
     np.testing.assert_allclose(
         forward_patched(model, ids, mask, removed, {}),
@@ -266,9 +267,23 @@ def test_explain_command_on_a_fixture(tmp_path):
     folder = with_tokenizer(copy_fixture(tmp_path, "tiny_gpt2"))
     out = tmp_path / "out"
     status, err = run_cli(
-        ["explain", "--model", str(folder), "--task", "agreement", "--heads", "L1H2+L0H0",
-         "--heldout", "6", "--discovery", "4", "--out", str(out), "--quiet"]
-    )  # fmt: skip
+        [
+            "explain",
+            "--model",
+            str(folder),
+            "--task",
+            "agreement",
+            "--heads",
+            "L1H2+L0H0",
+            "--heldout",
+            "6",
+            "--discovery",
+            "4",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert status == 0, err
     import json
 

@@ -180,8 +180,9 @@ def attended_lifts(model, cache, b: int, ids: Sequence[int]) -> np.ndarray:
         ]
     ).reshape(-1, c.d_model)  # (L * H, D)
     vectors = through_final_norm(model, outs, scale) @ model.params["unembed"]["W_U"]  # (LH, V)
-    patterns = np.stack([cache[f"blocks.{l}.attn.pattern"][b, :, -1, real] for l in range(
-        c.n_layers)]).reshape(-1, len(ids))  # fmt: skip
+    patterns = np.stack(
+        [cache[f"blocks.{l}.attn.pattern"][b, :, -1, real] for l in range(c.n_layers)]
+    ).reshape(-1, len(ids))
     lifts = [attended_lift(v, p, ids) for v, p in zip(vectors, patterns)]
     return np.array(lifts).reshape(c.n_layers, c.n_heads)
 
@@ -393,10 +394,17 @@ def explain(
             source = removed_logits[b] if status == "damaged" else intact_logits[b]
             comp = fixed if fixed is not None else _best_other(source, ref)
             rec = ItemRecord(
-                it.id, it.prompt, it.answer, status, r_int.answer, r_rem.answer, int(ref),
-                int(comp), float(intact_logits[b, ref] - intact_logits[b, comp]),
+                it.id,
+                it.prompt,
+                it.answer,
+                status,
+                r_int.answer,
+                r_rem.answer,
+                int(ref),
+                int(comp),
+                float(intact_logits[b, ref] - intact_logits[b, comp]),
                 float(removed_logits[b, ref] - removed_logits[b, comp]),
-            )  # fmt: skip
+            )
             T = ids.shape[1]
             real = slice(T - len(prompt), T)
             roles = _roles_of(ev, task, it, prompt)
@@ -461,11 +469,19 @@ def summarize_dla(records: Sequence[ItemRecord], head: str, kind: str) -> dict[s
     token, to the competitor's, and their difference (positive: the head favours the answer)."""
     rows = np.array([r.dla[head] for r in records if r.status == kind]).reshape(-1, 2)
     if not len(rows):
-        return {"reference": float("nan"), "competitor": float("nan"), "difference": float("nan"),
-                "n": 0}  # fmt: skip
+        return {
+            "reference": float("nan"),
+            "competitor": float("nan"),
+            "difference": float("nan"),
+            "n": 0,
+        }
     ref, comp = rows.mean(axis=0)
-    return {"reference": float(ref), "competitor": float(comp), "difference": float(ref - comp),
-            "n": len(rows)}  # fmt: skip
+    return {
+        "reference": float(ref),
+        "competitor": float(comp),
+        "difference": float(ref - comp),
+        "n": len(rows),
+    }
 
 
 def summarize_restore(records: Sequence[ItemRecord], head: str, model) -> dict[str, float]:

@@ -33,9 +33,12 @@ def register(subparsers) -> None:
     p.add_argument("--heads", required=True, metavar="L3H1+L5H0", help="the head set removed")
     p.add_argument("--heldout", type=int, default=100, metavar="K", help="panel items (100)")
     p.add_argument(
-        "--discovery", type=int, default=100, metavar="N",
+        "--discovery",
+        type=int,
+        default=100,
+        metavar="N",
         help="discovery size the panels are drawn with (100, as test-heads); never evaluated",
-    )  # fmt: skip
+    )
     p.add_argument("--seed", type=int, default=0, help="panel seed (0)")
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per forward (8)")

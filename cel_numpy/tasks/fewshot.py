@@ -195,8 +195,11 @@ class FewShotLookup(TemplateTask):
         "query" the queried key ("Italy" in "...\\nItaly:"), "shot keys", "shot answers" (the
         values of the shots, e.g. "Paris"), "separators" (each separator and newline)."""
         out: dict[str, list[tuple[int, int]]] = {
-            "query": [], "shot keys": [], "shot answers": [], "separators": []
-        }  # fmt: skip
+            "query": [],
+            "shot keys": [],
+            "shot answers": [],
+            "separators": [],
+        }
         start = 0
         lines = item.prompt.split("\n")
         for i, line in enumerate(lines):
