@@ -6,6 +6,7 @@
     cel-numpy generate  greedy generation with optional head ablations
     cel-numpy localize  the two-stage head-ablation search on a (model, task)
     cel-numpy test-heads  the held-out test of a given head set (the routine's statistics)
+    cel-numpy explain   why removing given heads changes a task, head by head
     cel-numpy demo      what `make demo` runs
 
 Errors: bad input of any kind (files, options, prompts, run directories; see cel_numpy.errors)
@@ -78,6 +79,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from cel_numpy.demo import register as register_demo
+    from cel_numpy.explain.cli import register as register_explain
     from cel_numpy.localize.cli import register as register_localize
     from cel_numpy.models.cli import register as register_models
     from cel_numpy.theory.cli import register as register_theory
@@ -88,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_theory(sub)
     register_models(sub)
     register_localize(sub)
+    register_explain(sub)
     register_demo(sub, run_command=main)
     for p in sub.choices.values():  # `cel-numpy localize ... --debug` works too
         p.add_argument(

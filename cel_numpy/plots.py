@@ -297,3 +297,58 @@ def _draw_attention(picture: AttentionPicture, removed) -> object:
     fig.supylabel("query", fontsize=9)
     fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
     return fig
+
+
+def plot_explanation(report: dict, path: str | os.PathLike) -> None:
+    """One row per head of a `cel_numpy.explain` report (its `to_dict()`): attention shares from
+    the answer position (whole panel, rescued items), direct logit attribution to the reference
+    and the competitor on rescued and damaged items, and the logit difference on rescued items
+    intact, without the set, and without the set but this head restored."""
+    plt = _pyplot()
+    heads = report["per_head"]
+    fig, axes = plt.subplots(len(heads), 3, figsize=(13, 3.0 * len(heads) + 0.6), squeeze=False)
+    roles = report["roles"]
+    for row, h in zip(axes, heads):
+        ax = row[0]
+        x = np.arange(len(roles))
+        ax.bar(x - 0.2, [h["shares"][r] for r in roles], 0.4, label="panel")
+        ax.bar(x + 0.2, [h["shares_rescued"][r] for r in roles], 0.4, label="rescued")
+        ax.set_xticks(x)
+        ax.set_xticklabels(roles, rotation=30, fontsize=8)
+        ax.set_ylabel("attention share")
+        ax.set_title(
+            f"{h['head']}: where it looks (OV copying {h['ov_copying']:+.2f}, "
+            f"lift {h['attended_lift']:+.1f})",
+            fontsize=9,
+        )
+        ax.legend(fontsize=7)
+        ax = row[1]
+        kinds = ("rescued", "damaged")
+        x = np.arange(len(kinds))
+        for k, (what, label) in enumerate(
+            (("reference", "to the reference"), ("competitor", "to the competitor"))
+        ):
+            ax.bar(x + (k - 0.5) * 0.4, [h["dla"][kd][what] for kd in kinds], 0.4, label=label)
+        ax.axhline(0, color="black", lw=0.6)
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"{kd} (n={h['dla'][kd]['n']})" for kd in kinds], fontsize=8)
+        ax.set_ylabel("direct logit attribution")
+        ax.set_title(f"{h['head']}: what it writes (intact run)", fontsize=9)
+        ax.legend(fontsize=7)
+        ax = row[2]
+        rs = h["restore"]
+        if rs.get("n"):
+            keys = ("logit_diff_intact", "logit_diff_removed", "logit_diff_restored")
+            ax.bar(range(3), [rs[k] for k in keys], color=["grey", "tab:green", "tab:red"])
+            ax.set_xticks(range(3))
+            ax.set_xticklabels(["intact", "set removed", f"{h['head']} restored"], fontsize=8)
+            ax.axhline(0, color="black", lw=0.6)
+            ax.set_title(
+                f"rescued items (n={rs['n']}): restoring undoes {rs['undone']:.0%}", fontsize=9
+            )
+        else:
+            ax.text(0.5, 0.5, "no rescued items", ha="center", va="center")
+            ax.set_xticks([])
+        ax.set_ylabel("logit(ref) - logit(competitor)")
+    fig.suptitle(f"{report['heads']} on {report['task']} ({report['model']})", fontsize=10)
+    _save(fig, path)

@@ -729,8 +729,8 @@ CASES = [
         "localize --task capital (a typo)",
         lambda t: _localize("smollm2", t / "run", "--task", "capital"),
         r"unknown task 'capital'; known tasks: agreement, antonyms, arithmetic, arithmetic_2shot, "
-        r"arithmetic_chat, capitals, greater_than, ioi, hellaswag, boolq, mbpp, or a \.jsonl task "
-        r"file \(docs/tasks\.md\)",
+        r"arithmetic_chat, capitals, greater_than, induction, ioi, hellaswag, boolq, mbpp, or a "
+        r"\.jsonl task file \(docs/tasks\.md\)",
     ),
     Case(
         "unknown-cross-task",
@@ -1117,6 +1117,56 @@ CASES = [
         "--model '' (would mean the current folder)",
         lambda t: ["inspect", "--model", ""],
         r"the model \(--model\) is empty: give a file or folder",
+    # ------------------------------------------------------------------ explain
+    Case(
+        "explain-theory",
+        "explain on the theory model",
+        lambda t: [
+            "explain",
+            "--model",
+            "theory",
+            "--task",
+            "ioi",
+            "--heads",
+            "L0H1",
+            "--out",
+            str(t / "x"),
+        ],
+        r"explain reads a language model's attention and unembedding: give --model smollm2",
+    ),
+    Case(
+        "explain-no-heads",
+        "explain with --heads intact (no head to explain)",
+        lambda t: [
+            "explain",
+            "--model",
+            "smollm2",
+            "--task",
+            "ioi",
+            "--heads",
+            "intact",
+            "--out",
+            str(t / "x"),
+        ],
+        r"--heads: name at least one head, e\.g\. L13H2 or L8H1\+L13H2",
+    ),
+    Case(
+        "explain-head-not-in-model",
+        "explain with a head the model does not have (tiny GPT-2: 2 layers x 4 heads)",
+        lambda t: [
+            "explain",
+            "--model",
+            str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))),
+            "--task",
+            "agreement",
+            "--heads",
+            "L5H0",
+            "--heldout",
+            "4",
+            "--out",
+            str(t / "x"),
+        ],
+        r"head L5H0 is not in the model: it has 2 layers x 4 heads",
     ),
 ]
 

@@ -13,6 +13,11 @@
     TASKS["antonyms"]      "hot -> cold\\nrich -> poor\\nday -> night\\nwet ->"
                            -> " dry"                                                generate
     TASKS["agreement"]     "The key near the cabinets" -> " is" (vs " are")          choice
+    TASKS["induction"]     "river lamp horse cloud stone apple\\nriver lamp horse"
+                           -> " cloud"                                              generate
+
+Tasks with a `roles(item)` method name the character spans of their prompts' token roles (the
+query, the shots' answers, separators...), which `cel_numpy.explain` reads.
 
 Tasks that run model-written code are kept apart (`CODE_TASKS`: never among the default cross
 tasks, and only with the user's consent; `get_task` finds them by name):
@@ -37,6 +42,7 @@ from cel_numpy.tasks.base import Item, Scoring, Task
 from cel_numpy.tasks.fewshot import antonyms, capitals
 from cel_numpy.tasks.filetask import FileTask, is_task_file
 from cel_numpy.tasks.greater_than import GreaterThan
+from cel_numpy.tasks.induction import Induction
 from cel_numpy.tasks.ioi import IndirectObject
 from cel_numpy.tasks.mbpp import Mbpp
 from cel_numpy.tasks.panels import make_panels, max_panel_items, panel_hash
@@ -53,6 +59,7 @@ TASKS: dict[str, Task] = {
         capitals(),
         antonyms(),
         Agreement(),
+        Induction(),
     )
 }
 

@@ -369,6 +369,32 @@ class FewShotLookup(TemplateTask):
             shot_index, q = j, cluster
         return self.item_at(subtask, shot_index * self._n_queries() + q)
 
+    def roles(self, item: Item) -> dict[str, list[tuple[int, int]]]:
+        """Character spans [start, end) of each token role in `item.prompt`:
+        "query" the queried key ("Italy" in "...\\nItaly:"), "shot keys", "shot answers" (the
+        values of the shots, e.g. "Paris"), "separators" (each separator and newline)."""
+        out: dict[str, list[tuple[int, int]]] = {
+            "query": [],
+            "shot keys": [],
+            "shot answers": [],
+            "separators": [],
+        }
+        start = 0
+        lines = item.prompt.split("\n")
+        for i, line in enumerate(lines):
+            key, _, value = line.partition(self.separator)
+            sep_start = start + len(key)
+            if i == len(lines) - 1:
+                out["query"].append((start, sep_start))
+                out["separators"].append((sep_start, sep_start + len(self.separator)))
+                break
+            out["shot keys"].append((start, sep_start))
+            out["separators"].append((sep_start, sep_start + len(self.separator)))
+            out["shot answers"].append((sep_start + len(self.separator) + 1, start + len(line)))
+            out["separators"].append((start + len(line), start + len(line) + 1))  # the newline
+            start += len(line) + 1
+        return out
+
 
 def capitals() -> FewShotLookup:
     # the longest answers are 6 SmolLM2 tokens (" Bandar Seri Begawan", " Kuala Lumpur"); one more

@@ -19,6 +19,7 @@ Template space per subtask: 20 * 19 ordered name pairs * 4 templates * 8 places 
 from __future__ import annotations
 
 import itertools
+import re
 
 from cel_numpy.tasks.base import Item
 from cel_numpy.tasks.template import TemplateTask
@@ -65,6 +66,12 @@ class IndirectObject(TemplateTask):
             cluster=f"{NAMES[x]}/{NAMES[y]}/t{t}",
         )  # fmt: skip
 
+    def roles(self, item: Item) -> dict[str, list[tuple[int, int]]]:
+        """Character spans [start, end) of each token role in `item.prompt`: "IO" the indirect
+        object's mention (the answer), "S" both mentions of the subject."""
+        io, s = item.answer.strip(), next(c for c in item.choices if c != item.answer).strip()
+        return {"IO": _mentions(item.prompt, io), "S": _mentions(item.prompt, s)}
+
     def cluster_shape(self, subtask: str) -> tuple[int, int]:
         return len(NAME_PAIRS) * len(TEMPLATES), 2 * len(PLACES) * len(OBJECTS)
 
@@ -74,3 +81,8 @@ class IndirectObject(TemplateTask):
         io, s = NAME_PAIRS[pair][::-1] if swap else NAME_PAIRS[pair]
         k = io * (len(NAMES) - 1) + s - (s > io)
         return self.item_at(subtask, (po * len(TEMPLATES) + t) * len(NAMES) * (len(NAMES) - 1) + k)
+
+
+def _mentions(text: str, name: str) -> list[tuple[int, int]]:
+    """[start, end) of every whole-word occurrence of `name` in `text`."""
+    return [(m.start(), m.end()) for m in re.finditer(rf"\b{re.escape(name)}\b", text)]
