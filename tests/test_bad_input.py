@@ -1117,6 +1117,7 @@ CASES = [
         "--model '' (would mean the current folder)",
         lambda t: ["inspect", "--model", ""],
         r"the model \(--model\) is empty: give a file or folder",
+    ),
     # ------------------------------------------------------------------ explain
     Case(
         "explain-theory",
