@@ -122,9 +122,15 @@ def mbpp_prompt_problems(context: str) -> list[dict]:
             raise ValueError(f"unexpected MBPP few-shot problem in the 3-shot context: {text!r}")
         task_id, tests = _PROMPT_TESTS[text]
         problems.append(
-            {"task_id": task_id, "text": text, "code": code, "test_list": list(tests),
-             "test_setup_code": "", "challenge_test_list": []}
-        )  # fmt: skip
+            {
+                "task_id": task_id,
+                "text": text,
+                "code": code,
+                "test_list": list(tests),
+                "test_setup_code": "",
+                "challenge_test_list": [],
+            }
+        )
     if len(problems) != 3:
         raise ValueError(f"expected 3 MBPP few-shot problems in the context, found {len(problems)}")
     return problems

@@ -155,7 +155,7 @@ def plan(args) -> list[tuple[str, str, list[str]]]:
                     "--ablate",
                     CAPITALS_HEADS,
                 ],
-            )  # fmt: skip
+            )
         )
     for i, (key, title, argv) in enumerate(steps):  # renumber when steps are skipped
         steps[i] = (key, f"{i + 1}/{len(steps)}{title[3:]}", argv)

@@ -173,12 +173,13 @@ def attended_lifts(model, cache, b: int, ids: Sequence[int]) -> np.ndarray:
     real = slice(T - len(ids), T)
     resid = cache[f"blocks.{c.n_layers - 1}.resid_post"][b, -1]  # (D,)
     scale = final_norm_scale(model, resid)  # (1,)
+    # (L * H, D)
     outs = np.stack(
         [
             np.einsum("he,hed->hd", cache[f"blocks.{l}.attn.z"][b, :, -1], blk["attn"]["W_O"])
             for l, blk in enumerate(model.params["blocks"])
         ]
-    ).reshape(-1, c.d_model)  # (L * H, D)
+    ).reshape(-1, c.d_model)
     vectors = through_final_norm(model, outs, scale) @ model.params["unembed"]["W_U"]  # (LH, V)
     patterns = np.stack(
         [cache[f"blocks.{l}.attn.pattern"][b, :, -1, real] for l in range(c.n_layers)]
@@ -239,9 +240,10 @@ def _patched_block(p, x, config, inputs, head_mask, patches: dict[int, np.ndarra
     (B, T, E) instead of their own; x (B, T, D) -> (B, T, D). Kept here, not in the forward, so
     the forward stays free of patching branches."""
     ln1_out, _ = norm_forward(p["ln1"], x, config)  # (B, T, D)
+    # (B, T, D); the patched heads are zeroed by head_mask, then added back below
     attn_out, _ = attention_forward(
         p["attn"], ln1_out, mask=inputs.mask, rotary=inputs.rotary, head_mask=head_mask
-    )  # (B, T, D); the patched heads are zeroed by head_mask, then added back below
+    )
     for h, z in patches.items():
         attn_out = attn_out + z @ p["attn"]["W_O"][h]  # (B, T, E) @ (E, D)
     resid_mid = x + attn_out  # (B, T, D)
@@ -408,9 +410,10 @@ def explain(
             T = ids.shape[1]
             real = slice(T - len(prompt), T)
             roles = _roles_of(ev, task, it, prompt)
+            # (C + 1, 2)
             names, contrib = direct_logit_attribution(
                 model, cache, b, T - 1, [ref, comp], scales[b]
-            )  # (C + 1, 2)
+            )
             for l, h in cond:
                 name = head_name((l, h))
                 rec.dla[name] = [float(x) for x in contrib[names.index(name)]]

@@ -58,9 +58,7 @@ def screen_agreement(estimate, conditions: list[dict], nominees, k: int = 10) ->
     logprob = [c.get("logprob_change") for c in conditions]
     nominated = {tuple(h) for h in nominees}
     grad_top = set(_top({h: all_est[h] for h in heads}, k))
-    exact_lp_top = (
-        set(_top(dict(zip(heads, logprob)), k)) if None not in logprob else None
-    )  # fmt: skip
+    exact_lp_top = set(_top(dict(zip(heads, logprob)), k)) if None not in logprob else None
     ranked_all = _top(all_est, len(all_est))
     return {
         "n_heads": len(heads),

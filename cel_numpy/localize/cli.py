@@ -314,9 +314,8 @@ def theory_setup(args, which: str, cross_names: list[str]):
                 f"training the theory model (default config, seed {args.theory_seed}) ...",
                 file=sys.stderr,
             )
-        train_rng, _ = np.random.default_rng(args.theory_seed).spawn(
-            2
-        )  # as `cel-numpy theory` does
+        # as `cel-numpy theory` does
+        train_rng, _ = np.random.default_rng(args.theory_seed).spawn(2)
         params = train(TrainConfig(log_every=config.steps), train_rng).params
         label = f"theory(seed={args.theory_seed})"
     else:
@@ -343,9 +342,13 @@ def theory_setup(args, which: str, cross_names: list[str]):
 
     def make_evaluator(t, reference_items):
         return TheoryEvaluator(
-            params, t, ablation=args.ablation, reference_items=reference_items, label=label,
+            params,
+            t,
+            ablation=args.ablation,
+            reference_items=reference_items,
+            label=label,
             resample_seed=resample_seed(args),
-        )  # fmt: skip
+        )
 
     return task, cross, make_evaluator
 
@@ -851,9 +854,16 @@ def register_test_heads(subparsers) -> None:
         "CEL_NUMPY_ALLOW_CODE_EXECUTION=1)",
     )
     p.set_defaults(
-        func=run_test_heads, cross_tasks="none", screen="exact", candidates=30, tie_break=None,
-        matched_null=0, matched_pool=MATCHED_POOL, matched_seed=None, gradient_agreement=False,
-    )  # fmt: skip
+        func=run_test_heads,
+        cross_tasks="none",
+        screen="exact",
+        candidates=30,
+        tie_break=None,
+        matched_null=0,
+        matched_pool=MATCHED_POOL,
+        matched_seed=None,
+        gradient_agreement=False,
+    )
 
 
 def run_test_heads(args) -> int:
@@ -908,8 +918,10 @@ def run_test_heads(args) -> int:
             if e["prompt"].startswith("{"):
                 continue  # a theory sample: numbers, not text (report.json has them)
             last = e["prompt"].rsplit("\n", 1)[-1][-60:]
-            print(f"  {kind}: {last!r} -> intact {e['intact'].strip()!r}, removed "
-                  f"{e['ablated'].strip()!r} (answer {e['answer'].strip()!r})")  # fmt: skip
+            print(
+                f"  {kind}: {last!r} -> intact {e['intact'].strip()!r}, removed "
+                f"{e['ablated'].strip()!r} (answer {e['answer'].strip()!r})"
+            )
     print(f"report: {Path(args.out) / 'report.md'}")
     return 0
 
@@ -953,16 +965,20 @@ def run_summarize(args) -> int:
         check_output_path(args.json, args.runs)
     summary = summarize(args.runs)
     for d in summary["repeated"]:
-        print(f"cel-numpy summarize: note: {d} names a run directory already given: counted once",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"cel-numpy summarize: note: {d} names a run directory already given: counted once",
+            file=sys.stderr,
+        )
     if args.verify:
         from cel_numpy.localize.verify import verify
 
         verify(summary)
     print(render(summary), end="")
     if args.verify:
-        print(f"\nverified: every number above recomputed from the records of the "
-              f"{len(summary['rows'])} runs (wall times excepted).")  # fmt: skip
+        print(
+            f"\nverified: every number above recomputed from the records of the "
+            f"{len(summary['rows'])} runs (wall times excepted)."
+        )
     if args.json:
         text_dump(args.json, json.dumps(summary, indent=1) + "\n")
     return 0

@@ -164,9 +164,8 @@ class LMEvaluator:
         self.mean_z = None
         self.reference_ids: list[str] = []
         if ablation == "mean":
-            self.mean_z = model.mean_z(
-                [self.prompt_ids(it.prompt) for it in reference_items]
-            )  # (L, H, E)
+            # (L, H, E)
+            self.mean_z = model.mean_z([self.prompt_ids(it.prompt) for it in reference_items])
             self.reference_ids = [it.id for it in reference_items]
 
     def __reduce__(self):
@@ -469,10 +468,11 @@ class TheoryEvaluator:
         self.label = label
         self.n_heads = int(self.params["K"].shape[0])
         self.fill = np.zeros(self.n_heads)  # (H,) what an ablated head outputs
+        # last panel decoded (ids, Batch)
         self._decoded: tuple[tuple[str, ...], object] = (
             (),
             None,
-        )  # last panel decoded (ids, Batch)
+        )
         if ablation == "mean":
             from cel_numpy.theory.model import theory_forward
 

@@ -97,10 +97,17 @@ def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True, fill=None):
         return [continuation_logprob(logits[c], refs[i][1]) for c, i in zip(first, batch)]
 
     new, scores = generate_conditions(
-        prepare(ev.model), prompts, conds, fill, _stop(ev),
-        drafts=drafts, score=score, share_prefix=ev.share_prefix, verify=ev.forced,
+        prepare(ev.model),
+        prompts,
+        conds,
+        fill,
+        _stop(ev),
+        drafts=drafts,
+        score=score,
+        share_prefix=ev.share_prefix,
+        verify=ev.forced,
         cache=_cache(ev) if keep_intact else None,
-    )  # fmt: skip
+    )
     return [list(zip(n, s)) for n, s in zip(new, scores)]
 
 
@@ -223,9 +230,16 @@ def _choice_tree(ev, prep, items, conds, scores) -> None:
             return [continuation_logprob(lg, cont) for lg, cont in zip(logits, conts)]
 
         per_cond = score_continuations(
-            prep, [list(c) for c in contexts], conts, parent, conds, ev.mean_z, score,
-            share_prefix=ev.share_prefix, cache=_cache(ev),
-        )  # fmt: skip
+            prep,
+            [list(c) for c in contexts],
+            conts,
+            parent,
+            conds,
+            ev.mean_z,
+            score,
+            share_prefix=ev.share_prefix,
+            cache=_cache(ev),
+        )
         for k, logps in enumerate(per_cond):
             for (i, j), lp in zip(slots, logps):
                 scores[k, i, j] = lp
@@ -253,10 +267,16 @@ def _choice_per_row(ev, prep, items, conds, scores, fill) -> None:
             ]
 
         logits = ablated_readout(
-            prep, ids, mask, conds, rows_of(fill, [r[0] for r in chunk]),
-            readout=slice(-n, None), reduce=reduce, share_prefix=ev.share_prefix,
+            prep,
+            ids,
+            mask,
+            conds,
+            rows_of(fill, [r[0] for r in chunk]),
+            readout=slice(-n, None),
+            reduce=reduce,
+            share_prefix=ev.share_prefix,
             cache=_cache(ev),
-        )  # fmt: skip
+        )
         for k, logps in enumerate(logits):
             for (i, j, _, _), lp in zip(chunk, logps):
                 scores[k, i, j] = lp
@@ -277,10 +297,16 @@ def _choice(ev, items, conds):
                 return [next_token_log_softmax(lg[b, 0])[toks] for b, (_, toks) in enumerate(chunk)]
 
             logits = ablated_readout(
-                prep, ids, mask, conds, rows_of(fill, slice(start, start + len(chunk))),
-                readout=slice(-1, None), reduce=reduce, share_prefix=ev.share_prefix,
+                prep,
+                ids,
+                mask,
+                conds,
+                rows_of(fill, slice(start, start + len(chunk))),
+                readout=slice(-1, None),
+                reduce=reduce,
+                share_prefix=ev.share_prefix,
                 cache=_cache(ev),
-            )  # fmt: skip
+            )
             for k, per_item in enumerate(logits):
                 for b, logp in enumerate(per_item):
                     scores[k, start + b, : len(logp)] = logp

@@ -107,6 +107,7 @@ def _chunk_metric(
     """Sum over the chunk's items of the item metric (plain forward), and dM/dm (L, H)
     if backward."""
     ids, mask = model.pad([r.ids for r in rows])  # (R, T) left-padded
+    # (R, T, V)
     logits, cache = transformer_forward(
         model.params,
         model.config,
@@ -115,7 +116,7 @@ def _chunk_metric(
         head_mask=head_mask,
         head_fill=head_fill,
         keep_activations=backward,
-    )  # (R, T, V)
+    )
     total, weight, spans, logps = _score(logits, rows, ids.shape[1], 0, scoring)
     if not backward:
         return total, None
@@ -182,9 +183,14 @@ def exact_metric_screen(
         T = ids.shape[1]
         t0 = _first_read(chunk, T)
         per_cond = ablated_readout(
-            prep, ids, mask, conds, evaluator.mean_z, readout=slice(t0, None),
+            prep,
+            ids,
+            mask,
+            conds,
+            evaluator.mean_z,
+            readout=slice(t0, None),
             reduce=lambda lg: np.array(_score(lg, chunk, T, t0, evaluator.task.scoring)[0]),  # noqa: B023 - called within this iteration
-        )  # fmt: skip
+        )
         totals += np.array([float(v) for v in per_cond])
     metric = totals / len(items)
     return float(metric[0]), (metric[1:] - metric[0]).reshape(c.n_layers, c.n_heads)

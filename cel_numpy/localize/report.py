@@ -185,18 +185,30 @@ def _null_digest(nulls: dict, primary_lp: dict | None = None) -> dict | None:
     if not nulls.get("n"):
         return None
     keys = ("n", "seed", "size", "below", "ties", "percentile", "p_value")
-    return {**{k: nulls[k] for k in keys},
-            "logprob": logprob_percentile(primary_lp, nulls["sets"])}  # fmt: skip
+    return {**{k: nulls[k] for k in keys}, "logprob": logprob_percentile(primary_lp, nulls["sets"])}
 
 
 def _matched_digest(matched: dict, primary_lp: dict | None) -> dict | None:
     """The selection-matched null in a few numbers (report.json's "matched_null" has them all)."""
     if not matched.get("n"):
         return None
-    keys = ("n", "replicates", "budget", "pool", "distinct", "seed", "size", "below", "ties",
-            "percentile", "p_value")  # fmt: skip
-    return {**{k: matched[k] for k in keys},
-            "logprob": logprob_percentile(primary_lp, matched["sets"])}  # fmt: skip
+    keys = (
+        "n",
+        "replicates",
+        "budget",
+        "pool",
+        "distinct",
+        "seed",
+        "size",
+        "below",
+        "ties",
+        "percentile",
+        "p_value",
+    )
+    return {
+        **{k: matched[k] for k in keys},
+        "logprob": logprob_percentile(primary_lp, matched["sets"]),
+    }
 
 
 # --------------------------------------------------------------------------- figures
@@ -305,14 +317,25 @@ def plot_nulls(report: dict, path: Path) -> None:
     titles = []
     if nulls.get("n"):
         gains = [s["gain_rate"] for s in nulls["sets"]]
-        ax.hist(gains, bins=min(30, max(5, len(gains) // 2)), color="0.6", density=True,
-                label=f"{nulls['n']} random sets")  # fmt: skip
+        ax.hist(
+            gains,
+            bins=min(30, max(5, len(gains) // 2)),
+            color="0.6",
+            density=True,
+            label=f"{nulls['n']} random sets",
+        )
         titles.append(f"unselected: percentile {nulls['percentile']:.0f}")
     if matched.get("n"):
         picks = [s["gain_rate"] for s in matched["sets"] for _ in range(s["times"])]
-        ax.hist(picks, bins=min(30, max(5, len(set(picks)))), histtype="step", density=True,
-                color="C0", linewidth=1.5,
-                label=f"best of {matched['budget']}: {matched['n']} replicates")  # fmt: skip
+        ax.hist(
+            picks,
+            bins=min(30, max(5, len(set(picks)))),
+            histtype="step",
+            density=True,
+            color="C0",
+            linewidth=1.5,
+            label=f"best of {matched['budget']}: {matched['n']} replicates",
+        )
         titles.append(f"matched: percentile {matched['percentile']:.0f}")
     ax.axvline(primary, color="C3", linewidth=2, label=f"primary: {report['primary']['name']}")
     ax.axvline(0, color="grey", linewidth=0.8)
@@ -547,9 +570,17 @@ def _examples(task, items, intact, ablated, want: bool, k: int = 3) -> list[dict
         if b.correct == want and a.correct != want:
             prompt = it.prompt if len(it.prompt) <= 160 else "..." + it.prompt[-157:]
             category = classify_change(answer_context(task, it), a.answer if want else b.answer)
-            out.append({"item": it.id, "cluster": it.cluster, "prompt": prompt,
-                        "answer": it.answer, "intact": a.answer, "ablated": b.answer,
-                        "category": category})  # fmt: skip
+            out.append(
+                {
+                    "item": it.id,
+                    "cluster": it.cluster,
+                    "prompt": prompt,
+                    "answer": it.answer,
+                    "intact": a.answer,
+                    "ablated": b.answer,
+                    "category": category,
+                }
+            )
         if len(out) == k:
             break
     return out
@@ -616,20 +647,28 @@ def render_test_markdown(report: dict) -> str:
         *_logprob_lines(p),
     ]
     if p["nulls"]:
-        lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'], 'the set')}.", "",
-                  "![nulls](nulls.png)", ""]  # fmt: skip
+        lines += [
+            f"Null sets: {fmt_nulls(p['nulls'], ho['gain'], 'the set')}.",
+            "",
+            "![nulls](nulls.png)",
+            "",
+        ]
     lines += [f"What the changes are: {fmt_changes(p['changes'])} (docs/design.md#scoring).", ""]
     for kind in ("rescued", "damaged"):
         examples = report["examples"][kind]
         if not examples:
             continue
-        lines += [f"## Examples {kind}", "",
-                  "| prompt (end) | answer | intact | removed | category |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            f"## Examples {kind}",
+            "",
+            "| prompt (end) | answer | intact | removed | category |",
+            "|---|---|---|---|---|",
+        ]
         for e in examples:
             cells = [e["prompt"].replace("\n", " / "), e["answer"], e["intact"], e["ablated"]]
-            lines.append("| " + " | ".join(f"`{c.strip()}`" for c in cells)
-                         + f" | {e['category']} |")  # fmt: skip
+            lines.append(
+                "| " + " | ".join(f"`{c.strip()}`" for c in cells) + f" | {e['category']} |"
+            )
         lines.append("")
     lines += ["Per-example records: `heldout.jsonl`; machine-readable numbers: `report.json`.", ""]
     return "\n".join(lines)
@@ -642,5 +681,9 @@ def write_test_report(loc) -> dict:
     if report["figures"]:
         plot_nulls(report, out / NULLS_FIGURE)
     text_dump(out / "report.md", render_test_markdown(report))
-    return {"report": str(out / "report.json"), "primary": report["primary"],
-            "examples": report["examples"], "intact": report["intact"]}  # fmt: skip
+    return {
+        "report": str(out / "report.json"),
+        "primary": report["primary"],
+        "examples": report["examples"],
+        "intact": report["intact"],
+    }

@@ -497,9 +497,8 @@ class Localizer:
         if self.executor is not None:
             for chunk in chunks:  # evaluators are created here, before any worker needs them
                 self._evaluator_for(chunk[0].panel)
-            if chunks and hasattr(
-                self.executor, "plan"
-            ):  # a WorkerPool: no more workers than chunks
+            # a WorkerPool: no more workers than chunks
+            if chunks and hasattr(self.executor, "plan"):
                 self.executor.plan(len(chunks))
             # a module-level function and picklable arguments: works with thread, process and
             # cluster executors (Dask's Client.get_executor()) alike
@@ -537,9 +536,8 @@ class Localizer:
                     fh.write("".join(text).encode())
                     fh.flush()
                     os.fsync(fh.fileno())
-                rd.append_sums(
-                    self.out, stage, sums
-                )  # after the records: a block with a checksum is whole
+                # after the records: a block with a checksum is whole
+                rd.append_sums(self.out, stage, sums)
                 bar.update(len(chunk))
         summary = summarize(blocks)
         rd.write_done(
@@ -649,9 +647,8 @@ class Localizer:
         note = ""
         if self.screen_method == "gradient" and self.n_candidates < len(heads):
             estimate, depends["gradient"] = self._gradient_estimates()
-            order = sorted(
-                range(len(heads)), key=lambda i: -estimate[heads[i][0]][heads[i][1]]
-            )  # stable on ties
+            # stable on ties
+            order = sorted(range(len(heads)), key=lambda i: -estimate[heads[i][0]][heads[i][1]])
             heads = sorted(heads[i] for i in order[: self.n_candidates])
             note = (
                 f"gradient pre-filter: the {len(heads)} heads with the largest first-order "
@@ -792,8 +789,11 @@ class Localizer:
         summary["discovery"]["intact_answers_differ"] = sum(
             (a.answer, a.correct) != (b.answer, b.correct) for a, b in pairs
         )
-        gaps = [abs(a.ref_logprob - b.ref_logprob) for a, b in pairs
-                if a.ref_logprob is not None and b.ref_logprob is not None]  # fmt: skip
+        gaps = [
+            abs(a.ref_logprob - b.ref_logprob)
+            for a, b in pairs
+            if a.ref_logprob is not None and b.ref_logprob is not None
+        ]
         summary["discovery"]["intact_logprob_max_diff"] = max(gaps, default=0.0)
         return summary
 
@@ -813,9 +813,13 @@ class Localizer:
         if self.null_sets:
             try:
                 sets = draw_null_sets(
-                    self.n_layers, self.n_heads, len(primary), self.null_sets, self.null_seed,
+                    self.n_layers,
+                    self.n_heads,
+                    len(primary),
+                    self.null_sets,
+                    self.null_seed,
                     exclude=primary,
-                )  # fmt: skip
+                )
             except ValueError as err:
                 raise UserError(f"--null-sets: {err}") from None
             plan = [rd.Block(f"null:{condition_name(c)}", "heldout", c) for c in sets]
@@ -982,8 +986,12 @@ class HeadSetTest(Localizer):
         self.finalists = [self.heads]
 
     def _extra_manifest(self) -> dict:
-        return {"heads": condition_name(self.heads), "n_nominees": None, "n_finalists": None,
-                "tie_break": None}  # fmt: skip
+        return {
+            "heads": condition_name(self.heads),
+            "n_nominees": None,
+            "n_finalists": None,
+            "tie_break": None,
+        }
 
     def _check_model(self) -> None:
         from cel_numpy.heads import check_heads
@@ -1013,9 +1021,15 @@ def test_heads(
 ) -> dict:
     """Test `heads` (any spelling of cel_numpy.heads) on the held-out panel; {stage: summary}."""
     loc = HeadSetTest(
-        out, make_evaluator, task, heads, n_discovery=n_discovery, n_heldout=n_heldout, seed=seed,
+        out,
+        make_evaluator,
+        task,
+        heads,
+        n_discovery=n_discovery,
+        n_heldout=n_heldout,
+        seed=seed,
         **kwargs,
-    )  # fmt: skip
+    )
     return loc.run(until)
 
 

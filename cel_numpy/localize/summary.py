@@ -82,8 +82,13 @@ def _check_heldout(path: Path, ho, field: str) -> None:
     for key in ("gain", "n", "n_clusters", "correct", "intact_correct"):
         v = ho.get(key)
         _check(_is_int(v) and (key == "gain" or v >= 0), path, f"{field}.{key}", v, "a count")
-    _check(ho["n"] > 0 and abs(ho["gain"]) <= ho["n"], path, f"{field}.gain", ho["gain"],
-           f"a gain of at most {ho['n']} items")  # fmt: skip
+    _check(
+        ho["n"] > 0 and abs(ho["gain"]) <= ho["n"],
+        path,
+        f"{field}.gain",
+        ho["gain"],
+        f"a gain of at most {ho['n']} items",
+    )
     for key in ("gain_rate", "ci_low", "ci_high"):
         v = ho.get(key)
         _check(_is_num(v) and -1 <= v <= 1, path, f"{field}.{key}", v, "a rate in [-1, 1]")
@@ -107,8 +112,13 @@ def check_report(report, path: Path) -> dict:
     fmt = report.get("format")
     _check(fmt in REPORT_FORMATS, path, "format", fmt, " or ".join(REPORT_FORMATS))
     p = _check_obj(path, report.get("primary"), "primary")
-    _check(isinstance(p.get("name"), str) and bool(p["name"]), path, "primary.name",
-           p.get("name"), "a head set name")  # fmt: skip
+    _check(
+        isinstance(p.get("name"), str) and bool(p["name"]),
+        path,
+        "primary.name",
+        p.get("name"),
+        "a head set name",
+    )
     _check_heldout(path, p.get("heldout"), "primary.heldout")
     _check_percentile(path, p.get("nulls"), "primary.nulls")
     _check_percentile(path, p.get("matched_null"), "primary.matched_null")
@@ -122,28 +132,53 @@ def check_report(report, path: Path) -> dict:
     for name, v in cross.items():
         v = _check_obj(path, v, f"primary.crosstask.{name}")
         g = v.get("gain_rate")
-        _check(_is_num(g) and -1 <= g <= 1, path, f"primary.crosstask.{name}.gain_rate", g,
-               "a rate in [-1, 1]")  # fmt: skip
+        _check(
+            _is_num(g) and -1 <= g <= 1,
+            path,
+            f"primary.crosstask.{name}.gain_rate",
+            g,
+            "a rate in [-1, 1]",
+        )
         _check_prob(path, v, f"primary.crosstask.{name}", "p_value")
     intact = _check_obj(path, report.get("intact"), "intact")
     held = _check_obj(path, intact.get("heldout"), "intact.heldout")
     for key in ("n", "correct"):
-        _check(_is_int(held.get(key)) and held[key] >= 0, path, f"intact.heldout.{key}",
-               held.get(key), "a count")  # fmt: skip
+        _check(
+            _is_int(held.get(key)) and held[key] >= 0,
+            path,
+            f"intact.heldout.{key}",
+            held.get(key),
+            "a count",
+        )
     finalists = report.get("finalists", [])
     _check(isinstance(finalists, list), path, "finalists", finalists, "a list")
     for k, f in enumerate(finalists):
         f = _check_obj(path, f, f"finalists[{k}]")
-        _check(isinstance(f.get("name"), str), path, f"finalists[{k}].name", f.get("name"),
-               "a head set name")  # fmt: skip
+        _check(
+            isinstance(f.get("name"), str),
+            path,
+            f"finalists[{k}].name",
+            f.get("name"),
+            "a head set name",
+        )
     if finalists:
         disc = _check_obj(path, finalists[0].get("discovery"), "finalists[0].discovery")
-        _check(_is_int(disc.get("gain")), path, "finalists[0].discovery.gain", disc.get("gain"),
-               "a count")  # fmt: skip
+        _check(
+            _is_int(disc.get("gain")),
+            path,
+            "finalists[0].discovery.gain",
+            disc.get("gain"),
+            "a count",
+        )
     seconds = _check_obj(path, report.get("stage_seconds", {}), "stage_seconds")
     for stage, v in seconds.items():
-        _check(v is None or (_is_num(v) and v >= 0), path, f"stage_seconds.{stage}", v,
-               "a number of seconds")  # fmt: skip
+        _check(
+            v is None or (_is_num(v) and v >= 0),
+            path,
+            f"stage_seconds.{stage}",
+            v,
+            "a number of seconds",
+        )
     return report
 
 
@@ -168,8 +203,13 @@ def load_run(run_dir) -> dict:
 
 def check_manifest(manifest: dict, path: Path) -> dict:
     """The manifest fields the table shows, of the right types (RunDirError otherwise)."""
-    _check(manifest.get("kind") in ("localize", "test-heads"), path, "kind",
-           manifest.get("kind"), "localize or test-heads")  # fmt: skip
+    _check(
+        manifest.get("kind") in ("localize", "test-heads"),
+        path,
+        "kind",
+        manifest.get("kind"),
+        "localize or test-heads",
+    )
     _check_obj(path, manifest.get("model"), "model")
     task = _check_obj(path, manifest.get("task"), "task")
     _check(isinstance(task.get("name"), str), path, "task.name", task.get("name"), "a name")
@@ -273,8 +313,11 @@ def head_recurrence(rows: list[dict]) -> dict[str, dict]:
         if "clusters" in row:
             return set(row["clusters"])
         panels = Path(row["dir"]) / "panels"
-        return {it.cluster for name in ("discovery", "heldout")
-                for it in read_panel(panels / f"{name}.jsonl")}  # fmt: skip
+        return {
+            it.cluster
+            for name in ("discovery", "heldout")
+            for it in read_panel(panels / f"{name}.jsonl")
+        }
 
     several = len({row["model"] for row in rows}) > 1
     by_task = defaultdict(list)

@@ -189,10 +189,12 @@ def recompute(run_dir: Path, manifest: dict, row: dict) -> dict:
     if row.get("nulls"):
         blocks = stage_blocks(run_dir, "nulls", manifest)
         sets = [
-            {"gain": sum(int(b.correct) - int(a.correct) for a, b in zip(intact, res)),
-             "logprob_change": logprob_change(intact, res)}
+            {
+                "gain": sum(int(b.correct) - int(a.correct) for a, b in zip(intact, res)),
+                "logprob_change": logprob_change(intact, res),
+            }
             for res in (_results(blocks, n, "nulls", held) for n in blocks)
-        ]  # fmt: skip
+        ]
         fresh["nulls"] = null_percentile(gain, [s["gain"] for s in sets])
         lp = fresh["heldout_logprob"]
         values = [s["logprob_change"] for s in sets]
@@ -208,9 +210,11 @@ def recompute(run_dir: Path, manifest: dict, row: dict) -> dict:
             a = _results(blocks, f"{task}:intact", "crosstask", items)
             b = _results(blocks, f"{task}:{fresh['primary']}", "crosstask", items)
             fresh["crosstask"][task] = clustered_summary(
-                [it.cluster for it in items], [r.correct for r in a], [r.correct for r in b],
+                [it.cluster for it in items],
+                [r.correct for r in a],
+                [r.correct for r in b],
                 seed=seed,
-            ).to_dict()  # fmt: skip
+            ).to_dict()
     return fresh
 
 
@@ -251,8 +255,11 @@ def comparisons(row: dict, fresh: dict):
             yield f"{name} {key}", row[name].get(key), fresh[name].get(key)
         if name == "nulls" and row[name].get("logprob"):
             for key in PERCENTILE_KEYS:
-                yield (f"nulls log p {key}", (row[name].get("logprob") or {}).get(key),
-                       (fresh[name].get("logprob") or {}).get(key))  # fmt: skip
+                yield (
+                    f"nulls log p {key}",
+                    (row[name].get("logprob") or {}).get(key),
+                    (fresh[name].get("logprob") or {}).get(key),
+                )
     for task, v in (row.get("crosstask") or {}).items():
         for key in ("gain_rate", "p_value"):
             yield f"cross-task {task} {key}", v.get(key), fresh["crosstask"][task][key]

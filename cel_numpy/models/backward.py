@@ -94,9 +94,8 @@ def mlp_backward(
 ):
     """Backward of `mlp_forward(p, x)`.  dout (B, T, D) -> dx (B, T, D), grads (keys of p)."""
     grads = {}
-    dpost, grads["W_out"], db = _linear_backward(
-        dout, act.post, p["W_out"], p.get("b_out")
-    )  # (B, T, F)
+    # (B, T, F)
+    dpost, grads["W_out"], db = _linear_backward(dout, act.post, p["W_out"], p.get("b_out"))
     if db is not None:
         grads["b_out"] = db
     if config.family == "gpt2":
@@ -133,9 +132,8 @@ def block_backward(
     dmlp_out = dout  # (B, T, D)
     if config.sandwich_norms:
         dmlp_out, grads["ln2_post"] = norm_backward(dout, p["ln2_post"], cache.mlp_out_raw, config)
-    dln2_out, grads["mlp"] = mlp_backward(
-        dmlp_out, p["mlp"], cache.ln2_out, cache.mlp, config
-    )  # (B, T, D)
+    # (B, T, D)
+    dln2_out, grads["mlp"] = mlp_backward(dmlp_out, p["mlp"], cache.ln2_out, cache.mlp, config)
     dmid_via_ln2, grads["ln2"] = norm_backward(dln2_out, p["ln2"], cache.resid_mid, config)
     dresid_mid += dmid_via_ln2
     dattn_out = dresid_mid  # (B, T, D)
@@ -143,9 +141,10 @@ def block_backward(
         dattn_out, grads["ln1_post"] = norm_backward(
             dresid_mid, p["ln1_post"], cache.attn_out_raw, config
         )
+    # (B, T, D)
     dln1_out, grads["attn"], dhead_mask = attention_backward(
         dattn_out, p["attn"], cache.attn, fill=fill
-    )  # (B, T, D)
+    )
     dx_via_ln1, grads["ln1"] = norm_backward(dln1_out, p["ln1"], cache.resid_pre, config)
     dx = dresid_mid + dx_via_ln1  # mid = x + ...
     return dx, grads, dhead_mask
@@ -209,9 +208,8 @@ def transformer_backward(
         dW_pos = np.zeros_like(params["pos_embed"]["W_pos"])  # (n_ctx, D)
         np.add.at(dW_pos, cache.inputs.positions, dx)
         grads["pos_embed"] = {"W_pos": dW_pos}
-    if np.shares_memory(
-        params["embed"]["W_E"], params["unembed"]["W_U"]
-    ):  # tied: one tensor, two uses
+    # tied: one tensor, two uses
+    if np.shares_memory(params["embed"]["W_E"], params["unembed"]["W_U"]):
         dW_E += grads["unembed"]["W_U"].T
         grads["unembed"]["W_U"] = dW_E.T
     grads["embed"] = {"W_E": dW_E}

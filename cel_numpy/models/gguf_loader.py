@@ -54,12 +54,13 @@ class _Refused(ValueError):
     """A header problem whose message already says what is wrong and what to do."""
 
 
+# every other GGML type (F32, F16, Q4_1, IQ2_XXS, ...) holds weights
 INTEGER_TYPES = (
     "I8",
     "I16",
     "I32",
     "I64",
-)  # every other GGML type (F32, F16, Q4_1, IQ2_XXS, ...) holds weights
+)
 
 
 def _reader_class():
@@ -109,9 +110,8 @@ def _reader_class():
                         f"{int(raw_dtype[0])}, which the installed gguf package does not know: "
                         "upgrade gguf (pip install -U gguf) or convert the file to a known type"
                     ) from None
-                n_bytes = (
-                    math.prod(int(d) for d in dims) * type_size // block
-                )  # Python ints: no overflow
+                # Python ints: no overflow
+                n_bytes = math.prod(int(d) for d in dims) * type_size // block
                 text = bytes(name).decode(errors="replace")
                 end = int(start_offs) + int(offset[0]) + n_bytes
                 if end > len(self._data):
@@ -173,9 +173,8 @@ def open_gguf(path: Path):
         reader = _reader_class()(str(path))
     except _Refused as err:
         raise ModelFileError(f"{path}: {err}") from None
-    except (
-        Exception
-    ) as err:  # the reader raises ValueError, IndexError, KeyError, UnicodeDecodeError, ...
+    # the reader raises ValueError, IndexError, KeyError, UnicodeDecodeError, ...
+    except Exception as err:
         detail = str(err).splitlines()[0] if str(err) else ""
         if isinstance(err, IndexError):  # the reader indexes an empty view: a field past the end
             detail = "the header runs past the end of the file"
@@ -278,13 +277,14 @@ def read_gguf_config(reader, path: Path) -> ModelConfig:
         ) from None
     except (ConfigError, _BadField) as err:
         raise ModelFileError(f"{path}: {err}") from None
+    # a damaged value
     except (
         ValueError,
         TypeError,
         IndexError,
         OverflowError,
         ZeroDivisionError,
-    ) as err:  # a damaged value
+    ) as err:
         raise ModelFileError(
             f"{path}: unreadable GGUF metadata ({type(err).__name__}: {err}); {HINT}"
         ) from None
@@ -405,10 +405,11 @@ def load_gguf(
         def read(name: str) -> np.ndarray:
             try:
                 return dequantize_from_file(f, infos[name], dtype)
+            # a type the gguf package cannot dequantize
             except (
                 NotImplementedError,
                 ValueError,
-            ) as err:  # a type the gguf package cannot dequantize
+            ) as err:
                 raise ModelFileError(
                     f"{path}: tensor {name} ({GGMLQuantizationType(infos[name].qtype).name}): {err}"
                 ) from None

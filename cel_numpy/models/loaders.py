@@ -466,9 +466,8 @@ def _npz_headers(archive, path: Path) -> dict[str, TensorHeader]:
                     else np.lib.format.read_array_header_2_0
                 )
                 shape, _, dtype = read_header(member)
-        except (
-            Exception
-        ) as err:  # NumPy's header parser raises ValueError, SyntaxError, TokenError, ...
+        # NumPy's header parser raises ValueError, SyntaxError, TokenError, ...
+        except Exception as err:
             raise ModelFileError(
                 f"{path}: array {name!r} has an unreadable header ({err}); {NPZ_HINT}"
             ) from None

@@ -372,9 +372,10 @@ class Model:
         inputs = prepare_inputs(c, mask, ids.shape[1], self.dtype)
         x = embed(self.params, c, ids, inputs.positions)  # (B, T, D)
         ablation_kw = {"head_mask": head_mask, "head_fill": head_fill}
+        # (B, T, D): the input of `layer`
         x, _, _ = blocks_forward(
             self.params, c, x, inputs, range(layer), keep_activations=False, **ablation_kw
-        )  # (B, T, D): the input of `layer`
+        )
         _, caches, _ = blocks_forward(
             self.params, c, x, inputs, range(layer, layer + 1), **ablation_kw
         )
@@ -402,9 +403,15 @@ class Model:
         ids, mask = self.as_batch(ids, attention_mask)
         head_mask, head_fill = self.intervention(**ablation)
         logits, _ = transformer_forward(
-            self.params, self.config, ids, mask, head_mask=head_mask, head_fill=head_fill,
-            keep_activations=False, logit_positions=slice(-1, None),
-        )  # fmt: skip
+            self.params,
+            self.config,
+            ids,
+            mask,
+            head_mask=head_mask,
+            head_fill=head_fill,
+            keep_activations=False,
+            logit_positions=slice(-1, None),
+        )
         return logits[:, -1]  # (B, V)
 
     # ------------------------------------------------------------------ gradients
@@ -455,9 +462,10 @@ class Model:
                 f"head_mask must be (L, H) = {(c.n_layers, c.n_heads)}, got {head_mask.shape}"
             )
         head_fill = self.ablation_fill(ablation, reference, mean_z)  # (L, H, E) or None
+        # (B, T, V)
         logits, cache = transformer_forward(
             self.params, c, batch, mask, head_mask=head_mask, head_fill=head_fill
-        )  # (B, T, V)
+        )
         loss, dlogits = cross_entropy_loss(logits, targets)
         grads, dhead_mask = transformer_backward(
             dlogits, self.params, c, cache, batch, head_fill=head_fill
@@ -500,10 +508,16 @@ class Model:
         past, step_ids, all_ids = None, ids, ids
         for _ in range(max_new_tokens):
             logits, cache = transformer_forward(
-                self.params, self.config, step_ids if use_cache else all_ids, mask,
-                head_mask=head_mask, head_fill=head_fill, past=past,
-                keep_activations=False, logit_positions=slice(-1, None),
-            )  # fmt: skip
+                self.params,
+                self.config,
+                step_ids if use_cache else all_ids,
+                mask,
+                head_mask=head_mask,
+                head_fill=head_fill,
+                past=past,
+                keep_activations=False,
+                logit_positions=slice(-1, None),
+            )
             next_ids = finite_argmax(self.mask_padding(logits[:, -1]))  # (B,)
             for b in np.flatnonzero(~done):
                 token = int(next_ids[b])

@@ -520,10 +520,18 @@ class BPETokenizer:
                 "string (named templates are not supported)"
             )
         tokenizer = cls(
-            vocab, merges, special_tokens=special, pre_tokenizer=pre,
-            bos_id=bos if bos is not None else template_bos, eos_id=eos, pad_id=pad,
-            add_bos=bool(add_bos), normalizer=normalizer, chat_template=template, **options,
-        )  # fmt: skip
+            vocab,
+            merges,
+            special_tokens=special,
+            pre_tokenizer=pre,
+            bos_id=bos if bos is not None else template_bos,
+            eos_id=eos,
+            pad_id=pad,
+            add_bos=bool(add_bos),
+            normalizer=normalizer,
+            chat_template=template,
+            **options,
+        )
         tokenizer.chat_template_file = str(template_file)  # named in template errors
         return tokenizer
 
@@ -542,9 +550,8 @@ class BPETokenizer:
                 f"GGUF tokenizer.ggml.model is {model!r}; supported: 'gpt2' (byte-level BPE) and "
                 "'llama' (SentencePiece with byte fallback, without a space prefix)"
             )
-        pre_name = gguf_field(
-            reader, "tokenizer.ggml.pre", default="gpt2"
-        )  # older files: GPT-2 rules
+        # older files: GPT-2 rules
+        pre_name = gguf_field(reader, "tokenizer.ggml.pre", default="gpt2")
         if pre_name not in GGUF_PRE:
             raise TokenizerError(
                 f"GGUF tokenizer.ggml.pre {pre_name!r} is not supported "
@@ -560,15 +567,19 @@ class BPETokenizer:
         special = {tok: i for i, (tok, kind) in enumerate(zip(tokens, types)) if kind in (3, 4)}
         unused = [i for i, kind in enumerate(types) if kind == 5]  # UNUSED: padding slots
         return cls(
-            vocab, merges, special_tokens=special, pre_tokenizer=GGUF_PRE[pre_name],
+            vocab,
+            merges,
+            special_tokens=special,
+            pre_tokenizer=GGUF_PRE[pre_name],
             bos_id=gguf_field(reader, "tokenizer.ggml.bos_token_id", default=None),
             eos_id=gguf_field(reader, "tokenizer.ggml.eos_token_id", default=None),
             pad_id=gguf_field(reader, "tokenizer.ggml.padding_token_id", default=None),
             add_bos=bool(gguf_field(reader, "tokenizer.ggml.add_bos_token", default=False)),
-            normalizer=GGUF_NORMALIZER.get(pre_name), unused_ids=unused,
+            normalizer=GGUF_NORMALIZER.get(pre_name),
+            unused_ids=unused,
             eot_id=gguf_field(reader, "tokenizer.ggml.eot_token_id", default=None),
             chat_template=_gguf_template(reader),
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ internals
 

@@ -153,9 +153,13 @@ def prepare_inputs(config: ModelConfig, attention_mask: np.ndarray, T: int, dtyp
         local_mask = sliding_window_mask(mask, valid, config.sliding_window)  # (B, 1, T, S)
         local_rotary = rotary_tables(positions, config.d_head, config.rope_local_base, dtype=dtype)
     return ForwardInputs(
-        positions=positions, mask=mask, rotary=rotary, n_past=S - T,
-        local_mask=local_mask, local_rotary=local_rotary,
-    )  # fmt: skip
+        positions=positions,
+        mask=mask,
+        rotary=rotary,
+        n_past=S - T,
+        local_mask=local_mask,
+        local_rotary=local_rotary,
+    )
 
 
 # --------------------------------------------------------------------------- pieces
@@ -249,6 +253,7 @@ def block_forward(
     """
     mask, rotary = inputs.for_layer(config, layer)
     ln1_out, _ = norm_forward(p["ln1"], x, config)  # (B, T, D)
+    # (B, T, D)
     attn_out, attn = attention_forward(
         p["attn"],
         ln1_out,
@@ -259,7 +264,7 @@ def block_forward(
         past_kv=past_kv,
         scale=config.attn_scale,
         norm_eps=config.norm_eps,
-    )  # (B, T, D)
+    )
     attn_out_raw = mlp_out_raw = None
     if config.sandwich_norms:
         attn_out_raw = attn_out
@@ -312,9 +317,8 @@ def blocks_forward(
         hm = fill = None
         if head_mask is not None and not np.all(head_mask[layer] == 1):
             hm = head_mask[layer].astype(dtype, copy=False)  # (H,)
-            fill = (
-                None if head_fill is None else head_fill[layer].astype(dtype, copy=False)
-            )  # (H, E)
+            # (H, E)
+            fill = None if head_fill is None else head_fill[layer].astype(dtype, copy=False)
         x, cache = block_forward(
             params["blocks"][layer],
             x,

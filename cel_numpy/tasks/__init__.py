@@ -96,7 +96,17 @@ def get_task(name: str) -> Task:
 
 
 __all__ = [
-    "CODE_TASKS", "DATA_TASKS", "EXAMPLES", "TASKS", "FileTask", "Item", "Scoring", "Task",
+    "CODE_TASKS",
+    "DATA_TASKS",
+    "EXAMPLES",
+    "TASKS",
+    "FileTask",
+    "Item",
+    "Scoring",
+    "Task",
     "TemplateTask",
-    "get_task", "make_panels", "max_panel_items", "panel_hash",
-]  # fmt: skip
+    "get_task",
+    "make_panels",
+    "max_panel_items",
+    "panel_hash",
+]

@@ -66,9 +66,13 @@ class Agreement(TemplateTask):
         attractor = NOUNS[a][subtask[1] == "P"]
         prompt = f"The {subject} {FRAMES[index].format(attractor)}"
         return Item(
-            self.name, subtask, prompt, answer=CHOICES[subtask[0] == "P"], choices=CHOICES,
+            self.name,
+            subtask,
+            prompt,
+            answer=CHOICES[subtask[0] == "P"],
+            choices=CHOICES,
             cluster=NOUNS[s][0],
-        )  # fmt: skip
+        )
 
     def cluster_shape(self, subtask: str) -> tuple[int, int]:
         return len(NOUNS), (len(NOUNS) - 1) * len(FRAMES)

@@ -400,13 +400,21 @@ def capitals() -> FewShotLookup:
     # the longest answers are 6 SmolLM2 tokens (" Bandar Seri Begawan", " Kuala Lumpur"); one more
     # token shows what follows them (an answer must end there: "Kuala Lumpur City" is wrong)
     return FewShotLookup(
-        "capitals", CAPITALS, ":", both_directions=False, max_new_tokens=7,
+        "capitals",
+        CAPITALS,
+        ":",
+        both_directions=False,
+        max_new_tokens=7,
         alternatives=CAPITAL_ALTERNATIVES,
-    )  # fmt: skip
+    )
 
 
 def antonyms() -> FewShotLookup:
     return FewShotLookup(
-        "antonyms", ANTONYMS, " ->", both_directions=True, max_new_tokens=4,
+        "antonyms",
+        ANTONYMS,
+        " ->",
+        both_directions=True,
+        max_new_tokens=4,
         alternatives=ANTONYM_ALTERNATIVES,
-    )  # fmt: skip
+    )

@@ -62,9 +62,13 @@ class IndirectObject(TemplateTask):
         )
         x, y = sorted((io, s))
         return Item(
-            self.name, subtask, prompt, answer=" " + NAMES[io], choices=(" " + first, " " + second),
+            self.name,
+            subtask,
+            prompt,
+            answer=" " + NAMES[io],
+            choices=(" " + first, " " + second),
             cluster=f"{NAMES[x]}/{NAMES[y]}/t{t}",
-        )  # fmt: skip
+        )
 
     def roles(self, item: Item) -> dict[str, list[tuple[int, int]]]:
         """Character spans [start, end) of each token role in `item.prompt`: "IO" the indirect
