@@ -16,6 +16,8 @@ its name; it holds no tests. Paths are relative to this file, never to the worki
     gguf_of_arch                  a minimal GGUF declaring some architecture
     SMOLLM2_MISSING_BYTES         the bytes SmolLM2's vocabulary has no token for
     tiny_chat_model               tiny_llama with a tokenizer.json, a chat template, any context
+    chat_argv                     test-heads options for arithmetic_chat on such a model
+    theory_params, localize_argv  a theory model's params.npz and a quick localize on it
 """
 
 from __future__ import annotations
@@ -369,3 +371,28 @@ def tiny_chat_model(tmp: Path, template: str, n_ctx: int = 1024) -> Path:
     config = {"chat_template": template, "eos_token": "~"}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
+
+
+def chat_argv(folder: Path, out: Path) -> list[str]:
+    """`test-heads` options (after the command) for arithmetic_chat on a tiny chat model."""
+    return [
+        "--model", str(folder), "--task", "arithmetic_chat", "--heads", "L0H0",
+        "--heldout", "2", "--discovery", "2", "--out", str(out), "--quiet",
+    ]  # fmt: skip
+
+
+def theory_params(tmp: Path, n_heads: int = 4) -> Path:
+    """A theory model's parameters (seed 0, 8 types, 8 dims, init scale 1) in TMP/params.npz."""
+    from cel_numpy.theory.model import init_params
+
+    path = tmp / "params.npz"
+    np.savez(path, **init_params(np.random.default_rng(0), n_heads, 8, 8, 1.0))
+    return path
+
+
+def localize_argv(params: Path, out: Path, *extra: str) -> list[str]:
+    """`cel-numpy localize` on a theory model, task A, 12 + 12 items, quiet."""
+    return [
+        "localize", "--model", f"theory:{params}", "--task", "A", "--discovery", "12",
+        "--heldout", "12", "--out", str(out), "--quiet", *extra,
+    ]  # fmt: skip

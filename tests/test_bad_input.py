@@ -29,11 +29,13 @@ import numpy as np
 import pytest
 from helpers import (
     SMOLLM2_MISSING_BYTES,
+    chat_argv,
     copy_fixture,
     gguf_of_arch,
     rewrite_safetensors,
     run_cli,
     smollm2_mix,
+    theory_params,
     tiny_chat_model,
     with_tokenizer,
     write_tiny_gguf,
@@ -135,13 +137,6 @@ def _npz(tmp: Path, drop: str | None = None, replace: dict | None = None) -> Pat
     return path
 
 
-def _theory_params(tmp: Path) -> Path:
-    from cel_numpy.theory.model import init_params
-
-    np.savez(tmp / "params.npz", **init_params(np.random.default_rng(0), 4, 8, 8, 1.0))
-    return tmp / "params.npz"
-
-
 def _unwritable(tmp: Path) -> Path:
     """A directory this process cannot create entries in (sysfs when running as root)."""
     if os.geteuid() == 0:
@@ -169,7 +164,7 @@ def _localize(model: str, out: Path, *extra: str) -> list[str]:
 
 
 def _manifest_mismatch(tmp: Path) -> list[str]:
-    params = _theory_params(tmp)
+    params = theory_params(tmp)
     argv = _localize(f"theory:{params}", tmp / "run", "--task", "A", "--stage", "baseline")
     assert run_cli(argv)[0] == 0
     return argv[:-2] + ["--seed", "1", "--stage", "baseline"]
@@ -180,17 +175,17 @@ def _lock_held(tmp: Path) -> list[str]:
     (tmp / "run" / "lock").write_text(
         f"1 {socket.gethostname()} 2026-01-01T00:00:00\n"
     )  # pid 1 always runs
-    return _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
+    return _localize(f"theory:{theory_params(tmp)}", tmp / "run", "--task", "A")
 
 
 def _lock_damaged(tmp: Path) -> list[str]:
     (tmp / "run").mkdir()
     (tmp / "run" / "lock").write_text("-3 \x00\x00\n")
-    return _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
+    return _localize(f"theory:{theory_params(tmp)}", tmp / "run", "--task", "A")
 
 
 def _finished_baseline(tmp: Path) -> list[str]:
-    argv = _localize(f"theory:{_theory_params(tmp)}", tmp / "run", "--task", "A")
+    argv = _localize(f"theory:{theory_params(tmp)}", tmp / "run", "--task", "A")
     assert run_cli(argv + ["--stage", "baseline"])[0] == 0
     return argv + ["--stage", "screen"]
 
@@ -1174,22 +1169,7 @@ CASES = [
 
 def _chat_run(tmp: Path, template: str) -> list[str]:
     """test-heads on a tiny chat model whose template is `template` (arithmetic_chat renders it)."""
-    return [
-        "test-heads",
-        "--model",
-        str(tiny_chat_model(tmp, template)),
-        "--task",
-        "arithmetic_chat",
-        "--heads",
-        "L0H0",
-        "--heldout",
-        "2",
-        "--discovery",
-        "2",
-        "--out",
-        str(tmp / "run"),
-        "--quiet",
-    ]
+    return ["test-heads", *chat_argv(tiny_chat_model(tmp, template), tmp / "run")]
 
 
 def _prompts_changed(tmp: Path) -> list[str]:

@@ -11,34 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import FIXTURES, copy_fixture, rewrite_safetensors, run_cli, with_tokenizer
-
-
-def theory_params(tmp: Path, n_heads: int = 4) -> Path:
-    from cel_numpy.theory.model import init_params
-
-    path = tmp / "params.npz"
-    np.savez(path, **init_params(np.random.default_rng(0), n_heads, 8, 8, 1.0))
-    return path
-
-
-def localize_argv(params: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "localize",
-        "--model",
-        f"theory:{params}",
-        "--task",
-        "A",
-        "--discovery",
-        "12",
-        "--heldout",
-        "12",
-        "--out",
-        str(out),
-        "--quiet",
-        *extra,
-    ]
-
+from helpers import (
+    FIXTURES,
+    copy_fixture,
+    localize_argv,
+    rewrite_safetensors,
+    run_cli,
+    theory_params,
+    with_tokenizer,
+)
 
 # --------------------------------------------------------------------------- --workers
 

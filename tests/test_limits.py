@@ -19,10 +19,13 @@ from helpers import (
     ALPHABET,
     CharTokenizer,
     PlantedTask,
+    chat_argv,
     copy_fixture,
+    localize_argv,
     planted_model,
     run_cli,
     smollm2_mix,
+    theory_params,
     tiny_chat_model,
     with_tokenizer,
     write_tiny_gguf,
@@ -135,24 +138,6 @@ def test_a_template_failure_on_the_command_line_is_one_line_exit_2(tmp_path):
     folder = tiny_chat_model(tmp_path / "b", "{{ 10 ** (10 ** 9) }}")
     status, err = run_cli(["test-heads", *chat_argv(folder, tmp_path / "run2")])
     assert status == 2 and "over a limit" in one_clean_line(err), err
-
-
-def chat_argv(folder: Path, out: Path) -> list[str]:
-    return [
-        "--model",
-        str(folder),
-        "--task",
-        "arithmetic_chat",
-        "--heads",
-        "L0H0",
-        "--heldout",
-        "2",
-        "--discovery",
-        "2",
-        "--out",
-        str(out),
-        "--quiet",
-    ]
 
 
 # =========================================================================== 2. resumed prompts
@@ -321,14 +306,6 @@ def test_memory_error_anywhere_is_one_line_exit_2(monkeypatch):
 
 
 # =========================================================================== 4. costs up front
-
-
-def theory_params(tmp: Path) -> Path:
-    from cel_numpy.theory.model import init_params
-
-    path = tmp / "params.npz"
-    np.savez(path, **init_params(np.random.default_rng(0), 4, 8, 8, 1.0))
-    return path
 
 
 @pytest.mark.parametrize(
@@ -706,22 +683,7 @@ def test_fifos_and_devices_are_refused_without_reading(tmp_path):
 
 def test_run_directory_files_that_are_not_regular_files_are_refused(tmp_path):
     params = theory_params(tmp_path)
-    argv = [
-        "localize",
-        "--model",
-        f"theory:{params}",
-        "--task",
-        "A",
-        "--discovery",
-        "12",
-        "--heldout",
-        "12",
-        "--out",
-        str(tmp_path / "run"),
-        "--quiet",
-        "--stage",
-        "baseline",
-    ]
+    argv = localize_argv(params, tmp_path / "run", "--stage", "baseline")
     assert run_cli(argv)[0] == 0
     manifest = tmp_path / "run" / "manifest.json"
     manifest.unlink()

@@ -271,21 +271,9 @@ class Model:
         ids, mask = self.as_batch(reference, attention_mask)
         c = self.config
         total = np.zeros((c.n_layers, c.n_heads, c.d_head), dtype=np.float64)
-        count = 0
-        for start in range(0, ids.shape[0], batch_size):
-            chunk_ids, chunk_mask = (
-                ids[start : start + batch_size],
-                mask[start : start + batch_size],
-            )
-            inputs = prepare_inputs(c, chunk_mask, chunk_ids.shape[1], self.dtype)
-            x = embed(self.params, c, chunk_ids, inputs.positions)  # (B, T, D)
-            valid = chunk_mask.astype(self.dtype)  # (B, T)
-            for layer in range(c.n_layers):  # one layer at a time: only z is kept
-                x, caches, _ = blocks_forward(self.params, c, x, inputs, range(layer, layer + 1))
-                z = caches[layer].attn.z  # (B, H, T, E)
-                total[layer] += np.einsum("bhte,bt->he", z, valid)  # (H, E)
-            count += int(chunk_mask.sum())
-        return (total / count).astype(self.dtype)
+        for _, layer, z, valid in self._intact_z(ids, mask, batch_size):
+            total[layer] += np.einsum("bhte,bt->he", z, valid)  # (H, E)
+        return (total / int(mask.sum())).astype(self.dtype)
 
     def row_mean_z(self, reference, *, batch_size: int = 32) -> np.ndarray:
         """Per row of `reference`, each head's mean z over that row's non-pad positions, intact
@@ -293,21 +281,24 @@ class Model:
         ids, mask = self.as_batch(reference)
         c = self.config
         out = np.zeros((c.n_layers, ids.shape[0], c.n_heads, c.d_head), dtype=np.float64)
+        for rows, layer, z, valid in self._intact_z(ids, mask, batch_size):
+            count = valid.sum(axis=1)[:, None, None]  # (B, 1, 1)
+            out[layer, rows] = np.einsum("bhte,bt->bhe", z, valid) / count  # (B, H, E)
+        return out.astype(self.dtype)
+
+    def _intact_z(self, ids: np.ndarray, mask: np.ndarray, batch_size: int):
+        """Yield (rows, layer, z (B, H, T, E), valid (B, T)) for every chunk of `batch_size` rows
+        and every layer, running the intact model one layer at a time (only z is kept)."""
+        c = self.config
         for start in range(0, ids.shape[0], batch_size):
-            chunk_ids, chunk_mask = (
-                ids[start : start + batch_size],
-                mask[start : start + batch_size],
-            )
+            rows = slice(start, start + batch_size)
+            chunk_ids, chunk_mask = ids[rows], mask[rows]
             inputs = prepare_inputs(c, chunk_mask, chunk_ids.shape[1], self.dtype)
             x = embed(self.params, c, chunk_ids, inputs.positions)  # (B, T, D)
             valid = chunk_mask.astype(self.dtype)  # (B, T)
-            count = valid.sum(axis=1)[:, None, None]  # (B, 1, 1)
-            for layer in range(c.n_layers):  # one layer at a time: only z is kept
+            for layer in range(c.n_layers):
                 x, caches, _ = blocks_forward(self.params, c, x, inputs, range(layer, layer + 1))
-                z = caches[layer].attn.z  # (B, H, T, E)
-                rows = slice(start, start + len(chunk_ids))
-                out[layer, rows] = np.einsum("bhte,bt->bhe", z, valid) / count  # (B, H, E)
-        return out.astype(self.dtype)
+                yield rows, layer, caches[layer].attn.z, valid
 
     def intervention(self, ablate=None, ablation: str = "zero", reference=None, mean_z=None):
         """(head_mask (L, H) or None, head_fill (L, H, E) or None) for an ablation spec."""

@@ -39,6 +39,7 @@ from cel_numpy.models.tokenizer import (
     _file_errors,
     _gguf_template,
     gguf_field,
+    split_on_tokens,
 )
 
 SPACE = "\u2581"  # "▁": SentencePiece's visible space
@@ -243,18 +244,7 @@ class SentencePieceTokenizer:
 
     def _split_added(self, text: str) -> list[tuple[str, int | None]]:
         """Text segments and added tokens in order: (segment, None) or (content, id)."""
-        if self._added_re is None:
-            return [(text, None)] if text else []
-        out: list[tuple[str, int | None]] = []
-        pos = 0
-        for match in self._added_re.finditer(text):
-            if match.start() > pos:
-                out.append((text[pos : match.start()], None))
-            out.append((match.group(), self._added[match.group()]))
-            pos = match.end()
-        if pos < len(text):
-            out.append((text[pos:], None))
-        return out
+        return split_on_tokens(text, self._added_re, self._added)
 
     def _encode_segment_uncached(self, segment: str) -> tuple[int, ...]:
         """Token ids of one segment without added tokens (steps 2-4 of the module docstring)."""

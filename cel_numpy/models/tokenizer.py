@@ -585,18 +585,7 @@ class BPETokenizer:
 
     def _split_special(self, text: str) -> list[tuple[str, int | None]]:
         """Text segments and special tokens in order: (segment, None) or (content, id)."""
-        if self._special_re is None:
-            return [(text, None)] if text else []
-        out: list[tuple[str, int | None]] = []
-        pos = 0
-        for match in self._special_re.finditer(text):
-            if match.start() > pos:
-                out.append((text[pos : match.start()], None))
-            out.append((match.group(), self._special[match.group()]))
-            pos = match.end()
-        if pos < len(text):
-            out.append((text[pos:], None))
-        return out
+        return split_on_tokens(text, self._special_re, self._special)
 
     def _encode_piece_uncached(self, piece: str) -> tuple[int, ...]:
         """Token ids of one pre-tokenized piece."""
@@ -964,6 +953,24 @@ def _gguf_template(reader) -> str | None:
             f"GGUF tokenizer.chat_template is a {type(template).__name__}, not a template string"
         )
     return template
+
+
+def split_on_tokens(text: str, pattern, ids: dict[str, int]) -> list[tuple[str, int | None]]:
+    """`text` cut at every match of `pattern` (an alternation of token contents, or None):
+    in order, (segment, None) for the text between matches and (content, ids[content]) for each
+    match."""
+    if pattern is None:
+        return [(text, None)] if text else []
+    out: list[tuple[str, int | None]] = []
+    pos = 0
+    for match in pattern.finditer(text):
+        if match.start() > pos:
+            out.append((text[pos : match.start()], None))
+        out.append((match.group(), ids[match.group()]))
+        pos = match.end()
+    if pos < len(text):
+        out.append((text[pos:], None))
+    return out
 
 
 def gguf_field(reader, key: str, default=KeyError):
