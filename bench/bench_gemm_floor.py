@@ -45,7 +45,9 @@ def time_product(rows: int, inner: int, cols: int, repeats: int, rng, torch=None
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", type=int, default=64 * 16, help="tokens of the forward (64 x 16)")
     ap.add_argument("--repeats", type=int, default=7)
@@ -57,7 +59,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     except ImportError:
         torch = None
-    print(f"threads: {args.threads} a side; torch: {torch.__version__ if torch else 'not installed'}")
+    print(
+        f"threads: {args.threads} a side; torch: {torch.__version__ if torch else 'not installed'}"
+    )
     print("| model | product | shape | NumPy s (median) | torch s (median) | count |")
     print("|---|---|---|---|---|---|")
     with threadpool_limits(args.threads):
