@@ -16,11 +16,13 @@ the same invocation, so the two BLAS libraries are compared shape by shape.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_forward import cpu_summary, median_time, pin_threads, torch
 
 # (name, layers, d_model, qkv columns, mlp input columns, d_mlp, vocab)
 SHAPES = {
@@ -29,19 +31,14 @@ SHAPES = {
 }
 
 
-def time_product(rows: int, inner: int, cols: int, repeats: int, rng, torch=None) -> float:
+def time_product(rows: int, inner: int, cols: int, repeats: int, rng, on_torch=False) -> float:
     """Median seconds of one (rows, inner) @ (inner, cols) float32 product (NumPy, or torch)."""
     a = rng.standard_normal((rows, inner), dtype=np.float32)
     b = rng.standard_normal((inner, cols), dtype=np.float32)
-    if torch is not None:
+    if on_torch:
         a, b = torch.from_numpy(a), torch.from_numpy(b)
     a @ b  # warm
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_time(lambda: a @ b, repeats)
 
 
 def main() -> None:
@@ -53,38 +50,30 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    try:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    except ImportError:
-        torch = None
-    print(
-        f"threads: {args.threads} a side; torch: {torch.__version__ if torch else 'not installed'}"
-    )
+    print(f"machine: {cpu_summary()}")
+    print(f"threads: {pin_threads(args.threads)}; torch {torch.__version__ if torch else '-'}")
     print("| model | product | shape | NumPy s (median) | torch s (median) | count |")
     print("|---|---|---|---|---|---|")
-    with threadpool_limits(args.threads):
-        for name, (layers, d, qkv, mlp_in, d_mlp, vocab) in SHAPES.items():
-            n = args.rows
-            parts = [
-                ("qkv", (n, d, qkv), layers),
-                ("out proj", (n, d, d), layers),
-                ("mlp in", (n, d, mlp_in), layers),
-                ("mlp out", (n, d_mlp, d), layers),
-                ("unembed", (n, d, vocab), 1),
-            ]
-            total, total_torch = 0.0, 0.0
-            for label, shape, count in parts:
-                t = time_product(*shape, args.repeats, rng)
-                tt = time_product(*shape, args.repeats, rng, torch) if torch else float("nan")
-                total, total_torch = total + t * count, total_torch + tt * count
-                where = f"{shape[0]}x{shape[1]} @ {shape[1]}x{shape[2]}"
-                print(f"| {name} | {label} | {where} | {t:.4f} | {tt:.4f} | x{count} |")
-            print(
-                f"| {name} | **all products of one forward** | | **{total:.3f}** | "
-                f"**{total_torch:.3f}** | NumPy / torch {total / total_torch:.2f}x the time |"
-            )
+    for name, (layers, d, qkv, mlp_in, d_mlp, vocab) in SHAPES.items():
+        n = args.rows
+        parts = [
+            ("qkv", (n, d, qkv), layers),
+            ("out proj", (n, d, d), layers),
+            ("mlp in", (n, d, mlp_in), layers),
+            ("mlp out", (n, d_mlp, d), layers),
+            ("unembed", (n, d, vocab), 1),
+        ]
+        total, total_torch = 0.0, 0.0
+        for label, shape, count in parts:
+            t = time_product(*shape, args.repeats, rng)
+            tt = time_product(*shape, args.repeats, rng, True) if torch else float("nan")
+            total, total_torch = total + t * count, total_torch + tt * count
+            where = f"{shape[0]}x{shape[1]} @ {shape[1]}x{shape[2]}"
+            print(f"| {name} | {label} | {where} | {t:.4f} | {tt:.4f} | x{count} |")
+        print(
+            f"| {name} | **all products of one forward** | | **{total:.3f}** | "
+            f"**{total_torch:.3f}** | NumPy / torch {total / total_torch:.2f}x the time |"
+        )
 
 
 if __name__ == "__main__":
