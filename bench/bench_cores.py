@@ -3,6 +3,7 @@
     PYTHONPATH=. /work/venv-ref/bin/python bench/bench_cores.py
     ... --task capitals --size 50 --heads 16 --repeats 3 --cores 1,2
     ... --no-torch                                  # ours alone (the cel-numpy venv is enough)
+    ... --task hellaswag --size 20 --heads 16       # the choice workload (fetch hellaswag first)
 
 Not a test: one invocation prints one table of medians and ratios. The workload is a singleton
 screen sample: --heads heads spread over the layers (low and high layers interleaved, so that
@@ -19,7 +20,10 @@ chunks cost about the same), each ablated alone on --size items of the task's di
   torch  transformers + torch with n threads (`torch.set_num_threads`) in a spawned process of
          its own: a forward pre-hook on o_proj zeroing the head, batched greedy `generate` with
          the same stop rule, on the same token ids and the same float32 weights
-         (`bench_screen.screen_torch`; its logits checked against ours before timing).
+         (`bench_screen.screen_torch`; its logits checked against ours before timing). On a
+         choice task (HellaSwag, BoolQ) the hook + likelihood sweep instead, as lm-eval scores:
+         every (context + candidate) its own sequence, log_softmax over the vocabulary, the
+         candidate's tokens summed (`bench_screen.screen_torch_choice`).
 
 Both sides run the same heads and items; answers and verdicts are compared head by head. The
 machine is shared, so the sides run interleaved (ours on 1 core, torch on 1 core, ours on n, torch
@@ -256,12 +260,13 @@ def main(argv=None) -> int:
                      f"median of {len(ours[n])}"))  # fmt: skip
         if theirs[n]:
             tt = med(theirs[n])
-            same = all(answers_ours[n][h] == answers_torch[n][h] for h in heads)
+            pairs = [(a, b) for h in heads for a, b in zip(answers_ours[n][h], answers_torch[n][h])]
+            same = f"{sum(a == b for a, b in pairs)} of {len(pairs)}"
             target = TARGETS.get(n, ALL_CORES_TARGET)
             rows.append((tag, f"{n} core(s): torch, {torch_threads[n]} thread(s)", f"{tt:.1f} s",
                          f"ours **{tt / t:.2f}x** faster on the sample (warm), "
                          f"{scale * tt / whole:.2f}x on the whole screen (est.; target >= "
-                         f"{target}); answers equal: {same}"))  # fmt: skip
+                         f"{target}); answers equal on {same} (head, item)"))  # fmt: skip
     one, many = cores[0], cores[-1]
     if args.repeats:
         t1, tn = med([r[1] for r in ours[one]]), med([r[1] for r in ours[many]])

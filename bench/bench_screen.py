@@ -235,8 +235,67 @@ def unembed_rates(model, rows=(20, 60, 150, 400, 512), repeats: int = 7) -> str:
 # --------------------------------------------------------------------------- torch
 
 
+def o_proj_hook(ref, layer: int, head: int, d_head: int):
+    """A forward pre-hook on o_proj zeroing the head's slice of its input (its z); returns the
+    handle (remove it when done)."""
+
+    def pre_hook(module, inputs):
+        x = inputs[0].clone()
+        x[..., head * d_head : (head + 1) * d_head] = 0
+        return (x,)
+
+    return ref.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(pre_hook)
+
+
+def screen_torch_choice(model, ref, task, items, heads, batch_size):
+    """(seconds, {head: [(answer, correct)]}) of a choice task scored as lm-eval scores it: each
+    (context + candidate) a sequence of its own, batch_size sequences per forward (left padded,
+    position ids from the mask), the candidate's tokens' log-probabilities summed
+    (log_softmax over the vocabulary) and compared by `choice_scores` (acc_norm for HellaSwag).
+    The token ids are ours (`continuation_ids`), made once before the clock starts."""
+    from cel_numpy.localize.scoring import choice_results
+
+    ev = LMEvaluator(model, task)
+    rows = [(i, j, *ev.continuation_ids(it.prompt, ch))
+            for i, it in enumerate(items) for j, ch in enumerate(it.choices)]  # fmt: skip
+    n_choices = max(len(it.choices) for it in items)
+
+    def score_all():
+        scores = np.full((len(items), n_choices), -np.inf)
+        for b in range(0, len(rows), batch_size):
+            chunk = rows[b : b + batch_size]
+            ids, mask = model.pad([r[2] for r in chunk])
+            ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = ref(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            T = ids.shape[1]
+            for k, (i, j, seq, start) in enumerate(chunk):
+                n = len(seq) - start  # scored tokens, the last n of the row
+                target = torch.tensor(seq[start:])
+                rows_logp = logp[k, T - n - 1 : T - 1]
+                scores[i, j] = float(rows_logp.gather(1, target[:, None]).sum())
+        return scores
+
+    results = {}
+    t0 = time.perf_counter()
+    for l, h in heads:
+        handle = o_proj_hook(ref, l, h, model.config.d_head)
+        try:
+            with torch.inference_mode():
+                scores = score_all()
+        finally:
+            handle.remove()
+        res = choice_results(task, items, scores)
+        results[(l, h)] = [(r.answer, r.correct) for r in res]
+    return time.perf_counter() - t0, results
+
+
 def screen_torch(model, ref, task, items, heads, batch_size):
-    """(seconds, {head: [(answer, correct)]}) of the hook + generate sweep."""
+    """(seconds, {head: [(answer, correct)]}) of the hook + generate sweep (a choice task: the
+    hook + likelihood sweep, `screen_torch_choice`)."""
+    if task.scoring == "choice":
+        return screen_torch_choice(model, ref, task, items, heads, batch_size)
     tok = model.tokenizer
     rule = stop_rule(task, tok)
     E = model.config.d_head
@@ -264,13 +323,7 @@ def screen_torch(model, ref, task, items, heads, batch_size):
     results = {}
     t0 = time.perf_counter()
     for l, h in heads:
-
-        def pre_hook(module, inputs, h=h):
-            x = inputs[0].clone()
-            x[..., h * E : (h + 1) * E] = 0
-            return (x,)
-
-        handle = ref.model.layers[l].self_attn.o_proj.register_forward_pre_hook(pre_hook)
+        handle = o_proj_hook(ref, l, h, E)
         try:
             with torch.inference_mode():
                 new = [g for i in range(0, len(prompts), batch_size)
