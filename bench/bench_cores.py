@@ -97,7 +97,15 @@ def _warm(ev, items, n_layers: int, n_heads: int, pause: float):
     evaluate_chunk(ev, items, [((n_layers - 1, h),) for h in range(k)])
     once = time.perf_counter() - t0
     time.sleep(pause)
-    return os.getpid(), once
+    return os.getpid(), once, intact_cache_mib()
+
+
+def intact_cache_mib() -> float:
+    """In a worker: MiB of intact passes its evaluator keeps (`IntactCache`), summed over arrays."""
+    from cel_numpy.localize.evaluate import _WORKER_EVALUATOR
+
+    caches = [ev.__dict__.get("_intact_cache") for ev in _WORKER_EVALUATOR.values()]
+    return sum(n for c in caches if c is not None for _, n in c._trees.values()) / 2**20
 
 
 class OursPool:
@@ -111,8 +119,9 @@ class OursPool:
         L, H = model.config.n_layers, model.config.n_heads
         warm = [self.pool.submit(_warm, self.ev, items, L, H, 3.0) for _ in range(n)]
         pids_once = [f.result() for f in warm]
-        assert len({p for p, _ in pids_once}) == n, "a worker was not warmed up"
-        self.once = max(o for _, o in pids_once)  # the workers pay it at the same time
+        assert len({p for p, _, _ in pids_once}) == n, "a worker was not warmed up"
+        self.once = max(o for _, o, _ in pids_once)  # the workers pay it at the same time
+        self.intact_mib = max(m for _, _, m in pids_once)  # kept intact passes, per worker
 
     def screen(self, heads, chunk: int):
         """(sample seconds, {head: [(answer, correct)]}, Pss MiB of parent + workers)."""
@@ -150,8 +159,8 @@ def measure_memory(model, spec, task, items, heads, n: int, args, cache: bool = 
             pool.close()
     finally:
         os.environ.pop("CEL_NUMPY_WEIGHT_CACHE", None)
-    print(f"memory, {n} worker(s){'' if cache else ', no weight cache'}: Pss {pss:.0f} MiB",
-          flush=True)  # fmt: skip
+    print(f"memory, {n} worker(s){'' if cache else ', no weight cache'}: Pss {pss:.0f} MiB "
+          f"(intact passes kept: {pool.intact_mib:.0f} MiB per worker)", flush=True)  # fmt: skip
     return pss
 
 
@@ -217,7 +226,8 @@ def main(argv=None) -> int:
     try:
         for n in cores if args.repeats else []:  # --repeats 0: the memory rows only
             pools[n] = OursPool(model, args.model, task, items, n, args.batch_size)
-            print(f"ours, {n} worker(s) warm: one-off {pools[n].once:.1f} s (load {load()})",
+            print(f"ours, {n} worker(s) warm: one-off {pools[n].once:.1f} s, intact passes "
+                  f"kept {pools[n].intact_mib:.0f} MiB per worker (load {load()})",
                   flush=True)  # fmt: skip
         for rnd in range(args.repeats):
             for n in cores:
