@@ -7,6 +7,9 @@ item), for docs/benchmarks.md.
     # seconds per (condition x item): the intact pass, then single heads at several depths
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/measure_benchmarks.py cost \\
         --model smollm2 --task hellaswag --items 32
+    # the same heads stacked in one call, as a screen runs them (MBPP needs consent to run code)
+    CEL_NUMPY_ALLOW_CODE_EXECUTION=1 ... cost --model qwen2.5-coder-0.5b --task mbpp --items 8 \\
+        --stacked
 
 accuracy: items in a seeded random order (`--seed`; the items done at any moment are a uniform
 random sample of the split), `--chunk` at a time through the fast engine (one condition, the
@@ -31,7 +34,7 @@ import numpy as np
 import cel_numpy as cn
 from cel_numpy.localize.evaluate import LMEvaluator
 from cel_numpy.localize.stats import wilson_interval
-from cel_numpy.tasks import get_task
+from cel_numpy.tasks import get_task, make_panels
 
 
 def accuracy(args) -> None:
@@ -83,9 +86,16 @@ def accuracy(args) -> None:
 
 def cost(args) -> None:
     model, task = cn.load_model(args.model), get_task(args.task)
-    items = task.items[: args.items]
+    # a data task's first items; a template task's (MBPP's) discovery panel of seed 0
+    items = (
+        task.items[: args.items]
+        if hasattr(task, "items")
+        else make_panels(task, args.items, 1, 0)[0]
+    )
     L = model.config.n_layers
     layers = [round(k * (L - 1) / max(1, args.conditions - 1)) for k in range(args.conditions)]
+    if args.stacked:
+        return stacked_cost(model, task, items, layers, args.batch_size)
     ev = LMEvaluator(model, task, batch_size=args.batch_size, intact_cache=False)
     ev.evaluate_many(items[: args.batch_size], [()])  # warm-up: prepared weights, allocator
     for label, conds in [("intact", [()])] + [(f"L{l}H0", [((l, 0),)]) for l in layers]:
@@ -95,6 +105,28 @@ def cost(args) -> None:
         print(f"{label:>7}: {dt:7.2f} s wall, {dc:7.2f} s CPU for {len(items)} items = "
               f"{dt / len(items):.3f} s wall, {dc / len(items):.3f} s CPU per (condition x item)",
               flush=True)  # fmt: skip
+
+
+def stacked_cost(model, task, items, layers, batch_size) -> None:
+    """The heads at `layers` (head 0) in one call, as a screen chunk runs them: the intact pass
+    and the intact answers (a generate task's drafts) computed first and kept, then every
+    condition; prints both parts per item and per (condition x item), and how many ablated
+    answers equal the intact one."""
+    ev = LMEvaluator(model, task, batch_size=batch_size)
+    t0, c0 = time.perf_counter(), time.process_time()
+    (intact,) = ev.evaluate_many(items, [()])
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    print(f" intact: {dt / len(items):.3f} s wall, {dc / len(items):.3f} s CPU per item "
+          f"({sum(r.correct for r in intact)}/{len(items)} correct)", flush=True)  # fmt: skip
+    conds = [((l, 0),) for l in layers]
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = ev.evaluate_many(items, conds)
+    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    n = len(items) * len(conds)
+    same = sum(a.answer == b.answer for res in out for a, b in zip(res, intact))
+    print(f"stacked: {len(conds)} heads ({', '.join(f'L{l}H0' for l in layers)}) x {len(items)} "
+          f"items: {dt / n:.3f} s wall, {dc / n:.3f} s CPU per (condition x item); "
+          f"{same} of {n} answers equal the intact model's", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -109,6 +141,10 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--items", type=int, default=32, help="cost: items per call")
     p.add_argument("--conditions", type=int, default=4, help="cost: single-head conditions")
+    p.add_argument(
+        "--stacked", action="store_true",
+        help="cost: every condition in one call with the intact pass kept, as a screen runs them",
+    )  # fmt: skip
     args = p.parse_args(argv)
     accuracy(args) if args.mode == "accuracy" else cost(args)
 
