@@ -59,6 +59,52 @@ def test_fast_forward_matches_plain(path):
     np.testing.assert_allclose(last, plain[:, -1:, cols], atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
+def test_fast_forward_with_attention_in_blocks_of_one_row_matches_plain(path, monkeypatch):
+    """Long prompts run their attention a block of query rows at a time; forcing one row per
+    block (every fixture, gemma3's sliding window included) changes no logit."""
+    import cel_numpy.models.fast as fast
+
+    model = cn.load_model(path)
+    ids, mask = _batch(model, np.random.default_rng(1), shared=4)
+    plain = model.logits(ids, attention_mask=mask)
+    monkeypatch.setattr(fast, "ATTENTION_BLOCK_BYTES", 1)
+    blocked = forward(prepare(model), ids, mask)
+    valid = mask.astype(bool)
+    np.testing.assert_allclose(blocked[valid], plain[valid], atol=ATOL, rtol=0)
+
+
+def test_attention_in_blocks_bounds_memory_and_matches_one_call():
+    """A 600-token causal prompt: in blocks under a 64 KiB budget the scores never take more than
+    a few blocks' worth (one call takes 3 x 2.9 MB), and z equals the one-call z."""
+    import tracemalloc
+
+    from cel_numpy.attention import softmax_attention_forward
+    from cel_numpy.models.fast import _attention_in_blocks
+
+    rng = np.random.default_rng(0)
+    R, H, G, T, E = 1, 2, 1, 600, 8
+    q = rng.standard_normal((R, H, T, E)).astype(np.float32)
+    k = rng.standard_normal((R, G, T, E)).astype(np.float32)
+    v = rng.standard_normal((R, G, T, E)).astype(np.float32)
+    causal = np.tril(np.ones((T, T), bool))[None, None]  # (1, 1, T, T)
+    whole, _ = softmax_attention_forward(q, k, v, scale=0.35, mask=causal)
+    tracemalloc.start()
+    try:
+        blocked = _attention_in_blocks(q, k, v, 0.35, causal, max_bytes=64 << 10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_allclose(blocked, whole, atol=1e-6, rtol=0)
+    scores_one_call = R * H * T * T * 4
+    assert peak < scores_one_call / 2, (peak, scores_one_call)
+    # a mask shared by every query row (a decode step's shape) is not sliced
+    last = _attention_in_blocks(q, k, v, 0.35, np.ones((R, 1, 1, T), bool), max_bytes=1)
+    np.testing.assert_allclose(
+        last, softmax_attention_forward(q, k, v, scale=0.35)[0], atol=1e-6, rtol=0
+    )
+
+
 def _fill(model, ids, mask, ablation):
     """None (zero), the batch's mean z (mean), or per row the mean z of row (b + 2) mod B
     (a fill per row, as resample ablation makes)."""
@@ -209,6 +255,33 @@ def test_evaluator_fast_equals_naive_planted(scoring, ablation):
         ev = LMEvaluator(model, task, **kw, **switches)
         fast = ev.evaluate_many(items, conds[:5]) + ev.evaluate_many(items, conds[5:])
         assert_same_results(fast, naive, atol=1e-9)  # float64 model
+
+
+def test_token_budget_chunks():
+    from cel_numpy.localize.fast import token_budget_chunks
+
+    spans = lambda *a, **k: [(r.start, r.stop) for r in token_budget_chunks(*a, **k)]
+    assert spans([3, 3, 3, 3, 3], 2, max_tokens=100) == [(0, 2), (2, 4), (4, 5)]  # batch_size
+    # padded size = rows x longest: [10, 10] = 20 fits 25, a third row (30) does not
+    assert spans([10, 10, 10, 20], 16, max_tokens=25) == [(0, 2), (2, 3), (3, 4)]
+    assert spans([5, 40, 5], 16, max_tokens=25) == [(0, 1), (1, 2), (2, 3)]  # 40 runs alone
+    assert spans([], 4, max_tokens=10) == []
+
+
+@pytest.mark.parametrize("scoring", ["generate", "choice"])
+def test_evaluator_fast_equals_naive_with_a_small_token_budget(scoring, monkeypatch):
+    """Batches cut by MAX_BATCH_TOKENS (here every prompt alone or in pairs) change no result."""
+    import cel_numpy.localize.fast as lfast
+
+    model = planted_model(np.random.default_rng(3))
+    task = PlantedTask(scoring)
+    items = task.sample(np.random.default_rng(4), 11)
+    conds = _conditions(model.config.n_layers, model.config.n_heads)
+    naive = LMEvaluator(model, task, fast=False, batch_size=4).evaluate_many(items, conds)
+    longest = max(len(LMEvaluator(model, task).prompt_ids(it.prompt)) for it in items)
+    monkeypatch.setattr(lfast, "MAX_BATCH_TOKENS", 2 * longest)
+    fast = LMEvaluator(model, task, batch_size=4).evaluate_many(items, conds)
+    assert_same_results(fast, naive, atol=1e-9)
 
 
 class AsciiTokenizer:

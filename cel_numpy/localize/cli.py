@@ -11,6 +11,7 @@ from pathlib import Path
 from cel_numpy.errors import OptionError, PromptError
 from cel_numpy.limits import as_path, check_memory
 from cel_numpy.localize.evaluate import BATCH_SIZE
+from cel_numpy.localize.fast import MAX_BATCH_TOKENS
 from cel_numpy.localize.ranking import TIE_BREAKS, check_null_set_count, check_null_sets
 from cel_numpy.localize.routine import MATCHED_POOL, SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
@@ -110,7 +111,8 @@ def register(subparsers) -> None:
         "--batch-size",
         type=int,
         default=BATCH_SIZE,
-        help=f"prompts per forward (default {BATCH_SIZE}; no effect on results)",
+        help=f"prompts per forward (default {BATCH_SIZE}; fewer when they would pass "
+        f"{MAX_BATCH_TOKENS:,} padded tokens; no effect on results)",
     )
     p.add_argument(
         "--tau",

@@ -20,6 +20,8 @@ rounding -- at a fraction of the cost, through `cel_numpy.models.fast`:
             sorted by context length and batched, and each batch runs as one prefix tree: the
             contexts' common prefix -> each context -> each candidate, so a context runs once
             for all its candidates, with logits only at the candidates' positions.
+A batch holds at most `batch_size` items and at most MAX_BATCH_TOKENS padded tokens (a long
+prompt runs in a smaller batch, or alone), which bounds the intact pass it keeps in memory.
 Log-probabilities come from the shared scorer (`cel_numpy.localize.scoring`).
 """
 
@@ -78,12 +80,40 @@ def _cache(ev) -> IntactCache | None:
     return ev.__dict__.setdefault("_intact_cache", IntactCache(ev.intact_cache_bytes))
 
 
+# Padded prompt tokens one batch may hold (rows x the longest row). The engine keeps a batch's
+# intact pass per layer (about 280 KB per token on Qwen2.5-0.5B), so without this bound four
+# MBPP problems padded to one 4,300-token prompt took 14 GB; a longer prompt runs alone.
+MAX_BATCH_TOKENS = 4096
+
+
+def token_budget_chunks(
+    lengths: Sequence[int], batch_size: int, max_tokens: int | None = None
+) -> list[range]:
+    """Consecutive chunks (ranges) of the rows, each at most `batch_size` rows whose padded size
+    (rows x the longest row's length) stays within `max_tokens` (default MAX_BATCH_TOKENS); a
+    row longer than that runs alone. Rows in ascending length order chunk best (little
+    padding)."""
+    max_tokens = MAX_BATCH_TOKENS if max_tokens is None else max_tokens
+    chunks, start, longest = [], 0, 0
+    for i, n in enumerate(lengths):
+        size = i - start
+        if size and (size >= batch_size or (size + 1) * max(longest, n) > max_tokens):
+            chunks.append(range(start, i))
+            start, longest = i, 0
+        longest = max(longest, n)
+    if start < len(lengths):
+        chunks.append(range(start, len(lengths)))
+    return chunks
+
+
 def _batches(ev, items, refs):
     """Item indices in batches, sorted by prompt length (little padding), then by prompt ids
-    (shared prefixes become neighbours). Sorting by ids alone padded 17% more tokens on a
-    50-item capitals panel (random shots) and 9% more on arithmetic_chat."""
+    (shared prefixes become neighbours); at most ev.batch_size items and MAX_BATCH_TOKENS padded
+    prompt tokens each. Sorting by ids alone padded 17% more tokens on a 50-item capitals panel
+    (random shots) and 9% more on arithmetic_chat."""
     order = sorted(range(len(items)), key=lambda i: (len(refs[i][0]), refs[i][0]))
-    return [order[i : i + ev.batch_size] for i in range(0, len(order), ev.batch_size)]
+    chunks = token_budget_chunks([len(refs[i][0]) for i in order], ev.batch_size)
+    return [[order[i] for i in c] for c in chunks]
 
 
 def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True, fill=None):
@@ -215,9 +245,10 @@ def _choice_tree(ev, prep, items, conds, scores) -> None:
     choices (`score_continuations`), so a context shared by its choices runs once. Fills
     scores (n_conds, n_items, n_choices) in place."""
     rows = _choice_rows(ev, items)
+    longest = [max(len(c) + len(x) for c, x in rows[i]) for i in range(len(items))]
     order = sorted(range(len(items)), key=lambda i: (max(len(c) for c, _ in rows[i]), rows[i]))
-    for b0 in range(0, len(order), ev.batch_size):
-        batch = order[b0 : b0 + ev.batch_size]
+    for chunk in token_budget_chunks([longest[i] for i in order], ev.batch_size):
+        batch = [order[i] for i in chunk]
         contexts: dict[tuple[int, ...], int] = {}  # distinct contexts of the batch, in order
         parent, conts, slots = [], [], []  # per continuation row: its context, ids, (i, j)
         for i in batch:
@@ -254,8 +285,8 @@ def _choice_per_row(ev, prep, items, conds, scores, fill) -> None:
         for j, ch in enumerate(it.choices):
             ids, start = ev.continuation_ids(it.prompt, ch)
             rows.append((i, j, ids, start))
-    for b0 in range(0, len(rows), ev.batch_size):
-        chunk = rows[b0 : b0 + ev.batch_size]
+    for span in token_budget_chunks([len(r[2]) for r in rows], ev.batch_size):
+        chunk = rows[span.start : span.stop]
         ids, mask = model.pad([r[2] for r in chunk])
         # scored positions, at the end
         n = max(len(seq) - start for _, _, seq, start in chunk) + 1
@@ -289,8 +320,8 @@ def _choice(ev, items, conds):
     fill = ev.fill_for(items)
     single = _single_token_choices(ev, items)
     if single is not None:
-        for start in range(0, len(items), ev.batch_size):
-            chunk = single[start : start + ev.batch_size]
+        for span in token_budget_chunks([len(p) for p, _ in single], ev.batch_size):
+            start, chunk = span.start, single[span.start : span.stop]
             ids, mask = model.pad([p for p, _ in chunk])
 
             def reduce(lg, chunk=chunk):  # (b, 1, V) -> (b, n_choices) log-probs

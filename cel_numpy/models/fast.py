@@ -384,8 +384,36 @@ def _attention_step(
     keys, values = (k, v) if past is None else past.extend(k, v)  # (R, G, S, E)
     if q.shape[2] == 0:  # only this call's K/V are wanted (an earlier segment, last layer)
         return np.empty((R, H, 0, E), x.dtype), k, v
-    z, _ = softmax_attention_forward(q, keys, values, scale=config.attn_scale, mask=mask)
+    z = _attention_in_blocks(q, keys, values, config.attn_scale, mask)
     return z, k, v  # z (R, H, Tq, E)
+
+
+# Bytes of attention scores one call may hold at once (per block of query rows: the scores, the
+# masked copy and the probabilities, each (R, H, rows, S)). Without a bound, one long prompt
+# (an MBPP problem whose tests are 4,300 tokens long) took 4.3 GB at one row and 14 GB at four.
+ATTENTION_BLOCK_BYTES = 256 << 20
+
+
+def _attention_in_blocks(q, keys, values, scale: float, mask, max_bytes: int | None = None):
+    """The shared softmax attention over blocks of query rows, so that the (R, H, rows, S)
+    scores stay under `max_bytes` (default ATTENTION_BLOCK_BYTES). Each query row's softmax
+    reads only its own scores, so the blocks compute the rows the unblocked call computes (up to
+    the matrix products' rounding). q (R, H, Tq, E), keys/values (R, G, S, E), mask
+    (R, 1, Tq, S) or broadcastable -> z (R, H, Tq, E)."""
+    R, H, Tq, _ = q.shape
+    S = keys.shape[2]
+    budget = ATTENTION_BLOCK_BYTES if max_bytes is None else max_bytes
+    rows = max(1, budget // max(1, 3 * R * H * S * q.itemsize))
+    if rows >= Tq:
+        return softmax_attention_forward(q, keys, values, scale=scale, mask=mask)[0]
+    per_row_mask = mask is not None and mask.shape[2] == Tq
+    z = np.empty((R, H, Tq, values.shape[-1]), q.dtype)
+    for a in range(0, Tq, rows):
+        m = mask[:, :, a : a + rows] if per_row_mask else mask
+        z[:, :, a : a + rows], _ = softmax_attention_forward(
+            q[:, :, a : a + rows], keys, values, scale=scale, mask=m
+        )
+    return z
 
 
 def _ablate_(z: np.ndarray, keep: np.ndarray | None, fill: np.ndarray | None) -> np.ndarray:
