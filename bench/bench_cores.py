@@ -105,7 +105,7 @@ def intact_cache_mib() -> float:
     from cel_numpy.localize.evaluate import _WORKER_EVALUATOR
 
     caches = [ev.__dict__.get("_intact_cache") for ev in _WORKER_EVALUATOR.values()]
-    return sum(n for c in caches if c is not None for _, n in c._trees.values()) / 2**20
+    return sum(c.nbytes for c in caches if c is not None) / 2**20
 
 
 class OursPool:

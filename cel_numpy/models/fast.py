@@ -733,6 +733,11 @@ class IntactCache:
         self.max_bytes = int(max_bytes)
         self._trees: dict[bytes, tuple[IntactTree, int]] = {}
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of activations kept now."""
+        return sum(n for _, n in self._trees.values())
+
     @staticmethod
     def key(segments: list[Segment], readout: slice) -> bytes:
         parts = [repr(readout).encode()]
@@ -749,7 +754,7 @@ class IntactCache:
         intact = intact_tree(prep, segments, readout)
         size = sum(a.nbytes for layer in intact.resid_pre + intact.z for a in layer)
         size += sum(k.nbytes + v.nbytes for layer in intact.kv for k, v in layer)
-        while self._trees and sum(n for _, n in self._trees.values()) + size > self.max_bytes:
+        while self._trees and self.nbytes + size > self.max_bytes:
             self._trees.pop(next(iter(self._trees)))
         if size <= self.max_bytes:
             self._trees[key] = (intact, size)
