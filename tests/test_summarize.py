@@ -140,6 +140,33 @@ def test_a_damaged_manifest_field_is_one_line(runs, tmp_path, capsys):
     assert "manifest.json: task is ['theory-A'], not an object" in _err(capsys)
 
 
+@pytest.mark.parametrize(
+    "fold,words",
+    [("x", "fold is 'x', not an object"), ({"k": 3, "folds": 3}, "fold.k is 3, not a fold in 0..2"),
+     ({"k": 0, "folds": 1}, "fold.folds is 1, not a count of at least 2")],
+)  # fmt: skip
+def test_a_damaged_fold_is_one_line(runs, tmp_path, capsys, fold, words):
+    (run,) = _copy(runs, tmp_path, "a")
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["fold"] = fold
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["summarize", str(run)]) == 2
+    assert words in _err(capsys)
+
+
+def test_two_folds_of_one_seed_read_as_two_runs(runs, tmp_path):
+    """Folds of one panel seed are independent replications: the seed cell names the fold."""
+    a, b = _copy(runs, tmp_path, "a", "b")
+    for run, k in ((a, 0), (b, 2)):
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["seed"], manifest["fold"] = 7, {"k": k, "folds": 3}
+        (run / "manifest.json").write_text(json.dumps(manifest))
+    rows = [l for l in render(summarize([a, b])).splitlines() if l.startswith("| theory-A")]
+    assert [row.split(" | ")[1] for row in rows] == ["7 (fold 0 of 3)", "7 (fold 2 of 3)"]
+    header = render(summarize([a])).splitlines()[0]
+    assert "| seed (fold) |" in header
+
+
 # --------------------------------------------------------------------------- directories, cells
 
 

@@ -218,6 +218,11 @@ def check_manifest(manifest: dict, path: Path) -> dict:
         d = _check_obj(path, manifest.get(key), key)
         for panel in ("discovery", "heldout"):
             _check(_is_int(d.get(panel)), path, f"{key}.{panel}", d.get(panel), "a count")
+    if manifest.get("fold") is not None:  # absent in runs without --folds
+        fold = _check_obj(path, manifest["fold"], "fold")
+        folds, k = fold.get("folds"), fold.get("k")
+        _check(_is_int(folds) and folds >= 2, path, "fold.folds", folds, "a count of at least 2")
+        _check(_is_int(k) and 0 <= k < folds, path, "fold.k", k, f"a fold in 0..{folds - 1}")
     return manifest
 
 
@@ -347,14 +352,22 @@ def head_recurrence(rows: list[dict]) -> dict[str, dict]:
     return recurrence
 
 
+def _seed_text(row: dict) -> str:
+    """The panel seed, with the fold when the run took one ("0 (fold 1 of 3)"): two folds of one
+    seed are independent replications and must not read as the same run twice."""
+    fold = row.get("fold")
+    return f"{row['seed']} (fold {fold['k']} of {fold['folds']})" if fold else str(row["seed"])
+
+
 def render(summary: dict) -> str:
     rows = summary["rows"]
     show_model = summary["n_models"] > 1
     lines = [
         "| "
         + ("model | " if show_model else "")
-        + "task | seed | discovery (items/clusters) | held-out (items/clusters) | intact held-out "
-        "| primary heads | discovery gain | held-out gain [cluster 95% CI] | cluster p | Holm p "
+        + "task | seed (fold) | discovery (items/clusters) | held-out (items/clusters) "
+        "| intact held-out | primary heads | discovery gain | held-out gain [cluster 95% CI] "
+        "| cluster p | Holm p "
         "| item McNemar p | held-out mean change of log p(reference) [cluster 95% CI] "
         "| null percentile (unselected) | matched-null percentile | cross-task (exploratory) "
         "| wall |",
@@ -380,7 +393,7 @@ def render(summary: dict) -> str:
         cells = [
             *([row["model"]] if show_model else []),
             row["task"],
-            str(row["seed"]),
+            _seed_text(row),
             "-" if row["kind"] == "test-heads" else f"{sizes['discovery']}/{clusters['discovery']}",
             f"{sizes['heldout']}/{clusters['heldout']}",
             f"{intact['correct']}/{intact['n']}",
