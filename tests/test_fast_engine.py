@@ -517,3 +517,55 @@ def test_intact_drafts_only_in_calls_that_pay_for_them():
     ev.evaluate_many(items, conds[: INTACT_DRAFTS_MIN_CONDITIONS + 1])
     assert set(ev.__dict__["_intact_memo"]) == {it.id for it in items}
     assert_same_results(ev.evaluate_many(items, conds[:4]), few, atol=1e-9)
+
+
+@pytest.mark.parametrize("scoring", ["generate", "choice"])
+def test_intact_cache_keeps_what_fits_when_the_panel_does_not(scoring, monkeypatch):
+    """A budget for about half of a panel's batches: each later call over the panel reuses the
+    kept half (plain least-recently-used eviction would reuse none), results unchanged; a new
+    panel replaces the old one's passes as it is walked."""
+    import cel_numpy.models.fast as mfast
+
+    model = planted_model(np.random.default_rng(3))
+    task = PlantedTask(scoring)
+    items = task.sample(np.random.default_rng(4), 16)
+    other = task.sample(np.random.default_rng(5), 8)
+    conds = _conditions(model.config.n_layers, model.config.n_heads)[:6]
+    sizes, made = [], []
+    real = mfast.intact_tree
+
+    def counted(prep, segments, readout):
+        tree = real(prep, segments, readout)
+        sizes.append(sum(a.nbytes for layer in tree.resid_pre + tree.z for a in layer))
+        sizes[-1] += sum(k.nbytes + v.nbytes for layer in tree.kv for k, v in layer)
+        made.append(1)
+        return tree
+
+    monkeypatch.setattr(mfast, "intact_tree", counted)
+
+    def passes(ev, panel) -> int:  # intact passes one call makes
+        made.clear()
+        results.append(ev.evaluate_many(panel, conds))
+        return len(made)
+
+    results = []
+    plain = LMEvaluator(model, task, batch_size=4, intact_cache=False)
+    passes(plain, items)  # the first call also makes the intact drafts, once per evaluator
+    sizes.clear()
+    per_call = passes(plain, items)  # then one intact pass per batch, every call
+    per_call_other = passes(plain, other)
+    assert per_call >= 4 and per_call_other >= 2
+    budget = sum(sorted(sizes[:per_call])[: per_call // 2])  # the smallest half of them fit
+    ev = LMEvaluator(model, task, batch_size=4, intact_cache_bytes=budget)
+    passes(ev, items)
+    cache = ev._intact_cache
+    kept = len(cache._trees)
+    assert 1 <= kept < per_call and cache.nbytes <= budget
+    assert passes(ev, items) == per_call - kept  # the kept passes reused, the rest recomputed
+    assert passes(ev, items) == per_call - kept
+    passes(ev, other)  # a new panel: its passes replace the old ones as it is walked
+    assert passes(ev, other) < per_call_other
+    assert cache.nbytes <= budget
+    expected = results[1]
+    for got in results[3:6]:
+        assert_same_results(got, expected, atol=1e-9)  # float64 model: kept or not, the same

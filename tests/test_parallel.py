@@ -116,6 +116,8 @@ def test_a_worker_keeps_its_evaluator_across_chunks():
     assert pickle.loads(pickle.dumps(ev)) is first
     other = LMEvaluator(model, task, spec="smollm2", batch_size=3)
     assert pickle.loads(pickle.dumps(other)) is not first
+    roomy = LMEvaluator(model, task, spec="smollm2", intact_cache_bytes=5 << 30)
+    assert pickle.loads(pickle.dumps(roomy)).intact_cache_bytes == 5 << 30  # the budget travels
 
 
 @pytest.mark.parametrize(("value", "expected"), [("auto", "auto"), ("3", 3), ("1", 1)])

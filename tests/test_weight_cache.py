@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import cel_numpy as cn
-from cel_numpy.localize.workers import auto_workers
+from cel_numpy.localize.workers import auto_workers, intact_cache_budget
 from cel_numpy.models import fast, weight_cache
 from cel_numpy.models import loaders as loaders_module
 from cel_numpy.models.transformer import flatten_params
@@ -150,3 +150,14 @@ def test_auto_workers_counts_shared_weights_once():
     assert auto_workers(2, 10 * GB, 1 * GB, 2 * GB).workers == 2  # the cores cap it
     assert auto_workers(8, 1 * GB, 1 * GB, 2 * GB).workers == 1  # never fewer than one
     assert auto_workers(3, None, 1 * GB, 2 * GB).workers == 3  # memory unknown: the cores
+
+
+def test_intact_cache_budget_is_half_the_memory_left_per_worker():
+    GiB = 1 << 30
+    # 24 GiB free, 0.5 GiB of weights once, 2 workers of 2 GiB: 9.75 GiB spare each, half kept
+    assert intact_cache_budget(24 * GiB, GiB // 2, 2, 2 * GiB) == GiB + int(9.75 * GiB) // 2
+    # weights counted per worker (not shared): 1 GiB less spare each
+    assert intact_cache_budget(24 * GiB, 0, 2, 3 * GiB) == GiB + int(9 * GiB) // 2
+    assert intact_cache_budget(3 * GiB, GiB, 2, 2 * GiB) == GiB  # nothing spare: the default
+    assert intact_cache_budget(None, 0, 1) == GiB  # memory unknown: the default
+    assert intact_cache_budget(1 << 40, 0, 1) == 16 * GiB  # capped

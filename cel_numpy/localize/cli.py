@@ -477,8 +477,11 @@ def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> int:
     return longest
 
 
-def lm_setup(args, task, cross):
-    """(task, cross tasks, make_evaluator, model) for a real language model."""
+def lm_setup(args, task, cross, evaluator_options: dict | None = None):
+    """(task, cross tasks, make_evaluator, model) for a real language model. `evaluator_options`
+    (extra LMEvaluator keywords) is read when each evaluator is made, so a caller may fill it
+    after this returns (the intact-pass budget, once the worker plan is known)."""
+    evaluator_options = {} if evaluator_options is None else evaluator_options
     from cel_numpy.localize.evaluate import LMEvaluator
     from cel_numpy.localize.routine import build_panels, cross_panel
     from cel_numpy.models.loaders import load_model, resolve_source
@@ -531,6 +534,7 @@ def lm_setup(args, task, cross):
                 spec=args.model,
                 file_identity=ident,
                 resample_seed=resample_seed(args),
+                **evaluator_options,
             )
         return cache[t.name]
 
@@ -682,14 +686,46 @@ def _prepare(args):
             if args.ablation == "resample":
                 resample_donors([it.cluster for it in heldout], resample_seed(args))
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
-    weights, shared = 0, True
+    weights, shared, evaluator_options = 0, True, {}
     if theory:
         task, cross, make_evaluator = theory_setup(args, which, cross_names)
     else:
-        task, cross, make_evaluator, model = lm_setup(args, task, cross)
+        task, cross, make_evaluator, model = lm_setup(args, task, cross, evaluator_options)
         weights, shared = model.weight_bytes(), model.weight_cache is not None
     executor = make_worker_pool(args.workers, weights, shared, quiet=args.quiet)
+    if not theory:
+        evaluator_options["intact_cache_bytes"] = intact_cache_plan(
+            executor, weights, shared, quiet=args.quiet
+        )
     return task, cross, make_evaluator, executor
+
+
+def intact_cache_plan(executor, weights: int, shared: bool, quiet: bool = False) -> int:
+    """The intact passes each evaluator may keep (`workers.intact_cache_budget`; the weights
+    count once when `shared`, else once per worker), said on stderr when above the default."""
+    from cel_numpy.localize.workers import (
+        INTACT_CACHE_BYTES,
+        WORKER_BYTES,
+        available_memory,
+        intact_cache_budget,
+    )
+
+    workers = getattr(executor, "n_workers", 1) if executor is not None else 1
+    budget = intact_cache_budget(
+        available_memory(),
+        weights if shared else 0,
+        workers,
+        WORKER_BYTES + (0 if shared else weights),
+    )
+    if budget > INTACT_CACHE_BYTES and not quiet:
+        print(
+            f"cel-numpy: each evaluator keeps up to {budget / 1e9:.1f} GB of intact passes "
+            f"(half the memory left for {workers} worker{'s' if workers != 1 else ''}), so "
+            "large panels are not recomputed in every chunk",
+            file=sys.stderr,
+            flush=True,
+        )
+    return budget
 
 
 def _run_with(loc, executor, stage: str, out) -> dict:

@@ -49,6 +49,7 @@ from cel_numpy.localize.scoring import (
     reference_ids,
     stop_rule,
 )
+from cel_numpy.localize.workers import INTACT_CACHE_BYTES
 from cel_numpy.tasks.base import Item
 
 
@@ -144,7 +145,7 @@ class LMEvaluator:
         forced: bool = True,
         intact_drafts: bool = True,
         intact_cache: bool = True,
-        intact_cache_bytes: int = 1 << 30,
+        intact_cache_bytes: int = INTACT_CACHE_BYTES,
         resample_seed: int = 0,
     ):
         _check_ablation(ablation, reference_items)
@@ -180,6 +181,7 @@ class LMEvaluator:
                 file_identity=self.file_identity,
                 fast=self.fast,
                 switches=(self.share_prefix, self.forced, self.intact_drafts, self.intact_cache),
+                intact_cache_bytes=self.intact_cache_bytes,
                 mean_z=self.mean_z,
                 reference_ids=self.reference_ids,
                 resample_seed=self.resample_seed,
@@ -364,6 +366,7 @@ def _new_lm_evaluator(state: dict) -> LMEvaluator:
         spec=spec,
         file_identity=state["file_identity"],
         fast=state["fast"],
+        intact_cache_bytes=state["intact_cache_bytes"],
     )
     ev.share_prefix, ev.forced, ev.intact_drafts, ev.intact_cache = state["switches"]
     ev.resample_seed = state["resample_seed"]

@@ -9,7 +9,8 @@ rounding -- at a fraction of the cost, through `cel_numpy.models.fast`:
             forward over a prefix tree (common prefix -> each prompt -> [last prompt token] +
             each draft answer) under every condition, each
             condition restarting from the intact residual stream at its lowest ablated layer.
-            The intact pass of a batch is kept across calls (`IntactCache`, 1 GiB by default).
+            The intact pass of a batch is kept across calls (`IntactCache`, 1 GiB by default;
+            `cel-numpy localize` sizes it from the free memory).
             The drafts are the reference answer and the intact model's greedy answer (computed
             once per evaluator and item): the argmax along a draft settles every row whose greedy
             output follows it to a stop; the other rows decode on from where they leave it
@@ -60,6 +61,9 @@ def evaluate_many_fast(
         check_heads(c, ev.n_layers, ev.n_heads)
     if not conds:
         return []
+    cache = _cache(ev)
+    if cache is not None:
+        cache.begin_call()
     if ev.task.scoring == "generate":
         return _generate(ev, items, conds)
     if ev.task.scoring == "choice":

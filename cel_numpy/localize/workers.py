@@ -40,7 +40,8 @@ from dataclasses import dataclass
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_SECONDS = 1.0
 # Memory a screening worker needs besides the weights: its activations, the intact passes it
-# keeps (at most 1 GiB, `LMEvaluator(intact_cache_bytes=...)`) and its interpreter. A SmolLM2
+# keeps (1 GiB counted here, `LMEvaluator(intact_cache_bytes=...)`; `intact_cache_budget` gives
+# more when memory allows) and its interpreter. A SmolLM2
 # capitals screen at D=50 peaked at 2.6 GiB resident in one process, 0.8 GiB of it weights
 # (docs/results/bench/bench-capitals50-final.txt): rounded up. At D=10 a second worker added
 # 0.22 GiB (docs/results/bench/cores-memory.txt).
@@ -100,6 +101,27 @@ def auto_workers(
     cap = None if available is None else max(1, (available - shared) // max(per_worker, 1))
     n = max(1, min(cores, cap if cap is not None else cores))
     return WorkerPlan(n, cores, cap, available, shared, per_worker)
+
+
+# What one evaluator keeps of intact passes when nothing says how much memory there is (the
+# LMEvaluator default), and at most when there is plenty.
+INTACT_CACHE_BYTES = 1 << 30
+MAX_INTACT_CACHE_BYTES = 16 << 30
+
+
+def intact_cache_budget(
+    available: int | None, shared: int, workers: int, per_worker: int = WORKER_BYTES
+) -> int:
+    """Bytes of intact passes each of `workers` evaluators may keep: the 1 GiB that
+    `WORKER_BYTES` already counts, plus half of what `available` bytes leave per worker after
+    the `shared` weights and `per_worker` bytes (as in `auto_workers`; the other half is left
+    free), at most 16 GiB. A
+    HellaSwag panel of 100 items keeps about 5.6 GB of intact passes on SmolLM2; when they fit,
+    a screen stops recomputing them in every chunk (docs/speed.md)."""
+    if available is None:
+        return INTACT_CACHE_BYTES
+    spare = (available - shared) // max(workers, 1) - per_worker
+    return int(min(MAX_INTACT_CACHE_BYTES, INTACT_CACHE_BYTES + max(spare, 0) // 2))
 
 
 def blas_threads() -> int:

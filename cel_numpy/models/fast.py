@@ -723,20 +723,32 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
 
 
 class IntactCache:
-    """Intact passes kept across calls, keyed by the tree's tokens (least recently used dropped).
+    """Intact passes kept across calls, keyed by the tree's tokens; at most `max_bytes` of them.
 
-    A screen asks for a panel's conditions a few at a time; each call over the same items would
-    otherwise redo the intact pass. Bounded: at most `max_bytes` of kept activations.
+    A screen asks for a panel's conditions a few at a time, and each call walks the same batches
+    in the same order; without this every call would redo their intact passes. When the panel's
+    passes do not all fit, plain least-recently-used eviction keeps none of them (each batch
+    evicts the one the next call needs first), so eviction is scan-resistant instead: a caller
+    marks each call (`begin_call`); passes not used in the current call go first (least recently
+    used first), and once only the current call's passes are kept, a new one is not stored. A
+    panel too large for the budget then keeps its first batches, and each call reuses them; a
+    new panel (a later stage) replaces the old one as it is walked.
     """
 
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = int(max_bytes)
-        self._trees: dict[bytes, tuple[IntactTree, int]] = {}
+        self.call = 0
+        # key -> (intact pass, its bytes, the call that last used it); least recently used first
+        self._trees: dict[bytes, tuple[IntactTree, int, int]] = {}
 
     @property
     def nbytes(self) -> int:
         """Bytes of activations kept now."""
-        return sum(n for _, n in self._trees.values())
+        return sum(entry[1] for entry in self._trees.values())
+
+    def begin_call(self) -> None:
+        """A new call starts: what it has not used yet may be evicted for what it needs."""
+        self.call += 1
 
     @staticmethod
     def key(segments: list[Segment], readout: slice) -> bytes:
@@ -749,15 +761,17 @@ class IntactCache:
     def get(self, prep: Prepared, segments: list[Segment], readout: slice) -> IntactTree:
         key = self.key(segments, readout)
         if key in self._trees:
-            self._trees[key] = self._trees.pop(key)  # most recently used last
-            return self._trees[key][0]
+            intact, size, _ = self._trees.pop(key)
+            self._trees[key] = (intact, size, self.call)  # most recently used last
+            return intact
         intact = intact_tree(prep, segments, readout)
         size = sum(a.nbytes for layer in intact.resid_pre + intact.z for a in layer)
         size += sum(k.nbytes + v.nbytes for layer in intact.kv for k, v in layer)
-        while self._trees and self.nbytes + size > self.max_bytes:
-            self._trees.pop(next(iter(self._trees)))
-        if size <= self.max_bytes:
-            self._trees[key] = (intact, size)
+        stale = [k for k, entry in self._trees.items() if entry[2] != self.call]
+        while stale and self.nbytes + size > self.max_bytes:
+            del self._trees[stale.pop(0)]
+        if self.nbytes + size <= self.max_bytes:
+            self._trees[key] = (intact, size, self.call)
         return intact
 
 
