@@ -536,8 +536,7 @@ def test_intact_cache_keeps_what_fits_when_the_panel_does_not(scoring, monkeypat
 
     def counted(prep, segments, readout):
         tree = real(prep, segments, readout)
-        sizes.append(sum(a.nbytes for layer in tree.resid_pre + tree.z for a in layer))
-        sizes[-1] += sum(k.nbytes + v.nbytes for layer in tree.kv for k, v in layer)
+        sizes.append(tree.nbytes)
         made.append(1)
         return tree
 

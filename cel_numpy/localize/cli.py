@@ -612,11 +612,11 @@ def make_worker_pool(workers, weights: int = 0, shared: bool = True, quiet: bool
     milliseconds, workers would only add their start-up). N larger than the cores: a warning.
     """
     from cel_numpy.localize.workers import (
-        WORKER_BYTES,
         WorkerPool,
         auto_workers,
         available_cores,
         available_memory,
+        memory_split,
     )
 
     cores = available_cores()
@@ -624,12 +624,7 @@ def make_worker_pool(workers, weights: int = 0, shared: bool = True, quiet: bool
     if workers == "auto" and not weights:  # the theory model: milliseconds per evaluation
         workers = 1
     if workers == "auto":
-        plan = auto_workers(
-            cores,
-            available_memory(),
-            weights if shared else 0,
-            WORKER_BYTES + (0 if shared else weights),
-        )
+        plan = auto_workers(cores, available_memory(), *memory_split(weights, shared))
         say(f"cel-numpy: --workers auto: {plan.describe()}")
         workers = plan.workers
     if workers <= 1:
@@ -705,18 +700,14 @@ def intact_cache_plan(executor, weights: int, shared: bool, quiet: bool = False)
     count once when `shared`, else once per worker), said on stderr when above the default."""
     from cel_numpy.localize.workers import (
         INTACT_CACHE_BYTES,
-        WORKER_BYTES,
         available_memory,
         intact_cache_budget,
+        memory_split,
     )
 
     workers = getattr(executor, "n_workers", 1) if executor is not None else 1
-    budget = intact_cache_budget(
-        available_memory(),
-        weights if shared else 0,
-        workers,
-        WORKER_BYTES + (0 if shared else weights),
-    )
+    once, per_worker = memory_split(weights, shared)
+    budget = intact_cache_budget(available_memory(), once, workers, per_worker)
     if budget > INTACT_CACHE_BYTES and not quiet:
         print(
             f"cel-numpy: each evaluator keeps up to {budget / 1e9:.1f} GB of intact passes "

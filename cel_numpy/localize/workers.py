@@ -93,6 +93,13 @@ class WorkerPlan:
         )
 
 
+def memory_split(weights: int, shared: bool) -> tuple[int, int]:
+    """(bytes counted once, bytes per worker) for a model of `weights` bytes: the weights count
+    once when `shared` (mapped from the weight cache), else once per worker beside
+    WORKER_BYTES."""
+    return (weights if shared else 0), WORKER_BYTES + (0 if shared else weights)
+
+
 def auto_workers(
     cores: int, available: int | None, shared: int, per_worker: int = WORKER_BYTES
 ) -> WorkerPlan:
@@ -115,9 +122,8 @@ def intact_cache_budget(
     """Bytes of intact passes each of `workers` evaluators may keep: the 1 GiB that
     `WORKER_BYTES` already counts, plus half of what `available` bytes leave per worker after
     the `shared` weights and `per_worker` bytes (as in `auto_workers`; the other half is left
-    free), at most 16 GiB. A
-    HellaSwag panel of 100 items keeps about 5.6 GB of intact passes on SmolLM2; when they fit,
-    a screen stops recomputing them in every chunk (docs/speed.md)."""
+    free), at most 16 GiB. A HellaSwag panel of 100 items keeps about 5.6 GB of intact passes on
+    SmolLM2; when they fit, a screen stops recomputing them in every chunk (docs/speed.md)."""
     if available is None:
         return INTACT_CACHE_BYTES
     spare = (available - shared) // max(workers, 1) - per_worker

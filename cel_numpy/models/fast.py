@@ -703,6 +703,12 @@ class IntactTree:
     resid_final: np.ndarray  # (R_last, T', D) at the read-out positions of the last segment
     readout: slice
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the per-layer activations kept (residual streams, z, K/V)."""
+        size = sum(a.nbytes for layer in self.resid_pre + self.z for a in layer)
+        return size + sum(k.nbytes + v.nbytes for layer in self.kv for k, v in layer)
+
 
 def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> IntactTree:
     L = prep.config.n_layers
@@ -765,8 +771,7 @@ class IntactCache:
             self._trees[key] = (intact, size, self.call)  # most recently used last
             return intact
         intact = intact_tree(prep, segments, readout)
-        size = sum(a.nbytes for layer in intact.resid_pre + intact.z for a in layer)
-        size += sum(k.nbytes + v.nbytes for layer in intact.kv for k, v in layer)
+        size = intact.nbytes
         stale = [k for k, entry in self._trees.items() if entry[2] != self.call]
         while stale and self.nbytes + size > self.max_bytes:
             del self._trees[stale.pop(0)]
