@@ -167,6 +167,26 @@ def test_two_folds_of_one_seed_read_as_two_runs(runs, tmp_path):
     assert "| seed (fold) |" in header
 
 
+def test_a_set_tested_under_another_ablation_names_it(runs, tmp_path):
+    """A mean or resample robustness test of a set must not read as its zero-ablation row."""
+    a, b, c = (tmp_path / name for name in ("zero", "mean", "resample"))
+    for run in (a, b, c):
+        shutil.copytree(runs / "t", run)
+    for run, model in (
+        (b, {"ablation": "mean"}),
+        (c, {"ablation": "resample", "resample_seed": 4}),
+    ):
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["model"].update(model)
+        (run / "manifest.json").write_text(json.dumps(manifest))
+    rows = [l for l in render(summarize([a, b, c])).splitlines() if l.startswith("| theory-A")]
+    assert [row.split(" | ")[5] for row in rows] == [
+        "L0H0",
+        "L0H0 (mean ablation)",
+        "L0H0 (resample ablation, donor seed 4)",
+    ]
+
+
 # --------------------------------------------------------------------------- directories, cells
 
 

@@ -287,6 +287,7 @@ def summarize(run_dirs) -> dict:
                 "crosstask": {k: v for k, v in p.get("crosstask", {}).items()},
                 "finalists": finalists,
                 "fold": m.get("fold"),
+                "ablation": _ablation_text(m["model"]),
                 "wall_seconds": sum(seconds) if seconds else None,
             }
         )
@@ -359,6 +360,18 @@ def _seed_text(row: dict) -> str:
     return f"{row['seed']} (fold {fold['k']} of {fold['folds']})" if fold else str(row["seed"])
 
 
+def _ablation_text(model: dict) -> str | None:
+    """None for zero ablation (the search's default); else "mean ablation" or "resample
+    ablation, donor seed S", so a robustness test never reads as the same set's zero row."""
+    kind = model.get("ablation", "zero")
+    if kind == "zero":
+        return None
+    seed = model.get("resample_seed")
+    return f"{kind} ablation" + (
+        f", donor seed {seed}" if kind == "resample" and seed is not None else ""
+    )
+
+
 def render(summary: dict) -> str:
     rows = summary["rows"]
     show_model = summary["n_models"] > 1
@@ -397,7 +410,7 @@ def render(summary: dict) -> str:
             "-" if row["kind"] == "test-heads" else f"{sizes['discovery']}/{clusters['discovery']}",
             f"{sizes['heldout']}/{clusters['heldout']}",
             f"{intact['correct']}/{intact['n']}",
-            row["primary"],
+            row["primary"] + (f" ({row['ablation']})" if row.get("ablation") else ""),
             disc_text,
             f"{ho['gain']:+d}/{ho['n']} = {ho['gain_rate']:+.3f} "
             f"[{ho['ci_low']:+.3f}, {ho['ci_high']:+.3f}]",
