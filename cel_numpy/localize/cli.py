@@ -698,12 +698,8 @@ def _prepare(args):
 def intact_cache_plan(executor, weights: int, shared: bool, quiet: bool = False) -> int:
     """The intact passes each evaluator may keep (`workers.intact_cache_budget`; the weights
     count once when `shared`, else once per worker), said on stderr when above the default."""
-    from cel_numpy.localize.workers import (
-        INTACT_CACHE_BYTES,
-        available_memory,
-        intact_cache_budget,
-        memory_split,
-    )
+    from cel_numpy.localize.workers import available_memory, intact_cache_budget, memory_split
+    from cel_numpy.models.fast import INTACT_CACHE_BYTES
 
     workers = getattr(executor, "n_workers", 1) if executor is not None else 1
     once, per_worker = memory_split(weights, shared)

@@ -49,7 +49,7 @@ from cel_numpy.localize.scoring import (
     reference_ids,
     stop_rule,
 )
-from cel_numpy.localize.workers import INTACT_CACHE_BYTES
+from cel_numpy.models.fast import INTACT_CACHE_BYTES
 from cel_numpy.tasks.base import Item
 
 

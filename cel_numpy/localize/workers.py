@@ -37,6 +37,8 @@ import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 
+from cel_numpy.models.fast import INTACT_CACHE_BYTES
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_SECONDS = 1.0
 # Memory a screening worker needs besides the weights: its activations, the intact passes it
@@ -110,9 +112,8 @@ def auto_workers(
     return WorkerPlan(n, cores, cap, available, shared, per_worker)
 
 
-# What one evaluator keeps of intact passes when nothing says how much memory there is (the
-# LMEvaluator default), and at most when there is plenty.
-INTACT_CACHE_BYTES = 1 << 30
+# What one evaluator keeps of intact passes when nothing says how much memory there is
+# (INTACT_CACHE_BYTES, the IntactCache default), and at most when there is plenty.
 MAX_INTACT_CACHE_BYTES = 16 << 30
 
 

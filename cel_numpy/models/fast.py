@@ -728,6 +728,11 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
     return IntactTree(segments, resid_pre, zs, kvs, resid_final=xs[0], readout=readout)
 
 
+# What an IntactCache keeps by default (the evaluator's default; `localize` sizes a larger
+# budget from free memory, `cel_numpy.localize.workers.intact_cache_budget`).
+INTACT_CACHE_BYTES = 1 << 30
+
+
 class IntactCache:
     """Intact passes kept across calls, keyed by the tree's tokens; at most `max_bytes` of them.
 
@@ -741,7 +746,7 @@ class IntactCache:
     new panel (a later stage) replaces the old one as it is walked.
     """
 
-    def __init__(self, max_bytes: int = 1 << 30):
+    def __init__(self, max_bytes: int = INTACT_CACHE_BYTES):
         self.max_bytes = int(max_bytes)
         self.call = 0
         # key -> (intact pass, its bytes, the call that last used it); least recently used first
