@@ -192,6 +192,13 @@ def test_a_long_screen_says_so_after_its_first_block(monkeypatch):
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     progress.Progress("screen", 100, stream=quick, slow_hint="hint").update(10)  # ~10 s in all
     assert "hint" not in quick.getvalue()
+    plain = io.StringIO()  # a long stage without a hint (joint, nulls...) still says how long
+    clock = iter([0.0, 60.0, 60.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    progress.Progress("joint", 165, stream=plain, plan="2 workers", parallel=2).update(8)
+    assert plain.getvalue().splitlines()[0] == (
+        "joint      about 10:19 in all with 2 workers at the pace of its first 8 of 165 (01:00)"
+    )
 
 
 # --------------------------------------------------------------------------- agreement

@@ -21,8 +21,9 @@ SLOW_AFTER = 180.0  # seconds: a stage estimated to take longer says so after it
 
 
 class Progress:
-    """slow_hint: printed with the estimated total time once the first block is timed, if that
-    estimate exceeds SLOW_AFTER seconds (e.g. how to make a long screen faster); plan: how the
+    """The estimated total time is printed once the first block is timed, if it exceeds
+    SLOW_AFTER seconds, so every long stage says how long it will take before its first 10%;
+    slow_hint: printed with it (e.g. how to make a long screen faster); plan: how the
     work runs ("2 workers x 1 BLAS thread"), printed with that estimate; parallel: blocks
     computed at once (workers), so the first block's time is that of `parallel` blocks."""
 
@@ -67,15 +68,15 @@ class Progress:
         self.done = min(self.total, self.done + n)
         if not self.enabled:
             return
-        if first and self.slow_hint and self.done < self.total:
+        if first and self.done < self.total:
             elapsed = time.monotonic() - self.start
             estimate = elapsed / self.done * self.total / min(self.parallel, self.total)
             if estimate > SLOW_AFTER:
                 plan = f" with {self.plan}" if self.plan else ""
+                hint = f"; {self.slow_hint}" if self.slow_hint else ""
                 self.stream.write(
                     f"{self.label:<10} about {_fmt_seconds(estimate)} in all{plan} at the pace of "
-                    f"its first {self.done} of {self.total} ({_fmt_seconds(elapsed)}); "
-                    f"{self.slow_hint}\n"
+                    f"its first {self.done} of {self.total} ({_fmt_seconds(elapsed)}){hint}\n"
                 )
         if self.tty:
             self.stream.write("\r" + self.line())
