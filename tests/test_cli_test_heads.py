@@ -11,6 +11,7 @@ from cel_numpy.cli import main
 from cel_numpy.errors import InvalidHeadError
 from cel_numpy.localize.evaluate import TheoryEvaluator, TheoryTask
 from cel_numpy.localize.routine import localize, test_heads
+from cel_numpy.tasks import Item
 from tests.test_localize import FakeEvaluator, FakeTask, trained_theory  # noqa: F401
 
 
@@ -170,3 +171,51 @@ def test_summarize_refuses_old_and_unfinished_runs(tmp_path, capsys):
                n_discovery=10, until="heldout", progress=False, command="t")  # fmt: skip
     assert main(["summarize", str(tmp_path / "half")]) == 2
     assert "no report.json: finish the run first" in capsys.readouterr().err
+
+
+class YesNoTask(FakeTask):
+    """A choice task with one fixed label set, like BoolQ: two thirds of the items are "yes"."""
+
+    scoring = "choice"
+
+    def sample(self, rng, n):
+        return [
+            Item(self.name, "s", f"q{int(k)}", (" no", " yes", " yes")[k % 3], (" no", " yes"))
+            for k in rng.integers(0, 10**6, n)
+        ]
+
+
+class LabelEvaluator(FakeEvaluator):
+    """FakeEvaluator's verdicts, with a wrong answer written as the other label."""
+
+    def evaluate_one(self, items, cond):
+        flip = {" no": " yes", " yes": " no"}
+        return [
+            r if r.correct else type(r)(r.item_id, False, flip[it.answer], r.ref_logprob)
+            for it, r in zip(items, super().evaluate_one(items, cond))
+        ]
+
+
+def test_a_fixed_label_set_reports_its_balance(tmp_path):
+    """report.json and report.md give, per label, the items, the right answers of each model and
+    the picks; the per-label counts add up to the held-out test's own counts."""
+    ev = LabelEvaluator(n_layers=3, n_heads=4, planted={(1, 2): 1.0})
+    res = test_heads(tmp_path / "run", lambda t, ref: ev, YesNoTask(), "L1H2", n_heldout=90,
+                     n_discovery=20, seed=0, progress=False, command="test")  # fmt: skip
+    ho = res["heldout"]["heldout"]["finalists"][0]
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    balance = report["primary"]["answer_balance"]
+    assert [row["label"] for row in balance] == [" no", " yes"]
+    assert sum(row["items"] for row in balance) == ho["n"] == 90
+    assert sum(row["ablated_correct"] for row in balance) == ho["correct"]
+    assert sum(row["intact_correct"] for row in balance) == report["intact"]["heldout"]["correct"]
+    assert (
+        sum(row["intact_picked"] for row in balance)
+        == sum(r["ablated_picked"] for r in balance)
+        == 90
+    )
+    assert ho["gain"] > 0
+    assert (
+        "By reference label (every item offers the same choices)"
+        in (tmp_path / "run" / "report.md").read_text()
+    )

@@ -178,3 +178,39 @@ def test_cli_test_heads_three_ablations_on_the_theory_model(tmp_path, trained_th
         assert set(report["primary"]["changes"]) == {"rescued", "damaged"}
     capsys.readouterr()
     assert len(set(gains.values())) > 1, gains  # three interventions, not one
+
+
+# --------------------------------------------------------------------------- answer balance
+
+
+def _yes_no(answer: str, k: int) -> Item:
+    return Item("boolq", "all", f"passage {k}\nQuestion: q{k}?\nAnswer:", answer, (" no", " yes"))
+
+
+def test_answer_balance_hand_made():
+    """Two "yes" and two "no" items; the intact model always says " no", the ablated one says
+    " yes" three times: both "yes" items gained, one "no" item lost -- a bias shift, by hand."""
+    from cel_numpy.tasks.changes import answer_balance
+
+    items = [_yes_no(" yes", 0), _yes_no(" yes", 1), _yes_no(" no", 2), _yes_no(" no", 3)]
+    intact = [(False, " no"), (False, " no"), (True, " no"), (True, " no")]
+    ablated = [(True, " yes"), (True, " yes"), (False, " yes"), (True, " no")]
+    assert answer_balance(items, intact, ablated) == [
+        {"label": " no", "items": 2, "intact_correct": 2, "ablated_correct": 1,
+         "intact_picked": 4, "ablated_picked": 1},
+        {"label": " yes", "items": 2, "intact_correct": 0, "ablated_correct": 2,
+         "intact_picked": 0, "ablated_picked": 3},
+    ]  # fmt: skip
+
+
+def test_answer_balance_only_for_a_fixed_choice_set():
+    from cel_numpy.tasks.changes import answer_balance
+
+    endings = (
+        Item("hellaswag", "all", "ctx", " b", (" a", " b")),
+        Item("hellaswag", "all", "x", " c", (" c", " d")),
+    )
+    both = [(True, " b"), (True, " c")]
+    assert answer_balance(endings, both, both) is None  # choices differ per item: no labels
+    assert answer_balance([NARROW], [(False, "narrow")], [(True, "wide")]) is None  # generate
+    assert answer_balance([], [], []) is None

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from cel_numpy.localize.rundir import json_dump, text_dump
 from cel_numpy.tasks.base import answer_context
-from cel_numpy.tasks.changes import classify_change, classify_changes
+from cel_numpy.tasks.changes import answer_balance, classify_change, classify_changes
 
 FIGURES = {
     "singletons": "singletons.png",
@@ -156,6 +156,9 @@ def build_report(loc) -> dict:
             "heldout": primary["heldout"],
             "crosstask": primary["crosstask"],
             "changes": changes,
+            "answer_balance": heldout_balance(
+                loc.panels["heldout"], intact_heldout, primary_heldout
+            ),
             "heldout_logprob": primary_lp,
             "crosstask_logprob": cross_lp,
             "nulls": _null_digest(nulls, primary_lp),
@@ -374,6 +377,37 @@ def heldout_changes(task, items, intact, ablated) -> dict:
     )
 
 
+def heldout_balance(items, intact, ablated) -> list[dict] | None:
+    """Per label of a fixed choice set (BoolQ's " no" / " yes"), the held-out items whose
+    reference it is, right intact and removed, and how often each picks it
+    (`cel_numpy.tasks.changes.answer_balance`); None for other tasks."""
+    return answer_balance(
+        items, [(r.correct, r.answer) for r in intact], [(r.correct, r.answer) for r in ablated]
+    )
+
+
+def fmt_balance(balance: list[dict] | None) -> list[str]:
+    """The markdown lines of `heldout_balance`: a bias shift between labels gains on one label's
+    items and loses on the other's; none when the task has no fixed choice set."""
+    if not balance:
+        return []
+    n = sum(row["items"] for row in balance)
+    per_label = "; ".join(
+        f"`{row['label']!r}` ({row['items']} items): intact {row['intact_correct']} right, "
+        f"removed {row['ablated_correct']} ({row['ablated_correct'] - row['intact_correct']:+d})"
+        for row in balance
+    )
+    picked = ", ".join(
+        f"`{row['label']!r}` {row['intact_picked']} -> {row['ablated_picked']}" for row in balance
+    )
+    return [
+        f"By reference label (every item offers the same choices): {per_label}. Answers picked "
+        f"(intact -> removed, of {n}): {picked}. A gain on one label's items with a loss on the "
+        "other's is a shift of bias between labels, not better reading.",
+        "",
+    ]
+
+
 def fmt_changes(changes: dict) -> str:
     """ "rescued 7 (genuine 4, echo 3), damaged 2 (genuine 2)": categories with a count only."""
     parts = []
@@ -452,6 +486,7 @@ def render_markdown(report: dict) -> str:
         lines += [f"Null sets: {fmt_nulls(p['nulls'], ho['gain'])}.", ""]
     if p.get("changes"):
         lines += [f"What the changes are (held-out): {fmt_changes(p['changes'])}.", ""]
+    lines += fmt_balance(p.get("answer_balance"))
     if p.get("matched_null"):
         lines += [f"Selection-matched null: {fmt_matched(p['matched_null'], ho['gain'])}.", ""]
     if p["crosstask"]:
@@ -611,6 +646,7 @@ def build_test_report(loc) -> dict:
             "heldout": result,
             "crosstask": {},
             "changes": heldout_changes(loc.task, items, intact, ablated),
+            "answer_balance": heldout_balance(items, intact, ablated),
             "heldout_logprob": primary_lp,
             "nulls": _null_digest(nulls, primary_lp),
         },
@@ -654,6 +690,7 @@ def render_test_markdown(report: dict) -> str:
             "",
         ]
     lines += [f"What the changes are: {fmt_changes(p['changes'])} (docs/design.md#scoring).", ""]
+    lines += fmt_balance(p.get("answer_balance"))
     for kind in ("rescued", "damaged"):
         examples = report["examples"][kind]
         if not examples:

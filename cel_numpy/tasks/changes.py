@@ -18,6 +18,13 @@ The categories are checked in this order and the first that fits is taken. Only 
 changes say the ablation changed what the model knows or retrieves; the others are an artefact
 of the scorer (valid, format) or of the few-shot format (echo, shot). `classify_changes`
 counts them for a condition against the intact model; the reports show the counts.
+
+A choice task whose items all offer the same choices (BoolQ's " no" / " yes", a JSONL file of
+labels) has another way to gain without answering better: moving the bias between labels. A
+model that answers " no" on 95% of BoolQ items gains on every "yes" item by saying " yes" more
+often. `answer_balance` shows it: per label, the items whose reference it is, how many of them
+each model gets right, and how often each model picks it. A bias shift gains on one label's
+items and loses on the others'; a better reader gains on both.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 
-from cel_numpy.tasks.base import AnswerContext
+from cel_numpy.tasks.base import AnswerContext, Item
 
 CATEGORIES = ("valid", "format", "echo", "shot", "genuine")
 
@@ -75,3 +82,28 @@ def classify_changes(
         elif ok_i and not ok_a:
             counts["damaged"][classify_change(ctx, text_a)] += 1
     return {kind: {c: int(n[c]) for c in CATEGORIES} for kind, n in counts.items()}
+
+
+def answer_balance(
+    items: Sequence[Item], intact: Sequence[tuple[bool, str]], ablated: Sequence[tuple[bool, str]]
+) -> list[dict] | None:
+    """Per label of a fixed choice set, in the items' choice order: {"label", "items" (whose
+    reference it is), "intact_correct", "ablated_correct", "intact_picked", "ablated_picked"};
+    (correct, picked answer) per item for each model. None unless every item is a choice item
+    offering the same choices (HellaSwag's endings differ per item: no labels to balance)."""
+    if not items or not items[0].choices or any(it.choices != items[0].choices for it in items):
+        return None
+    rows = {
+        label: dict.fromkeys(
+            ("items", "intact_correct", "ablated_correct", "intact_picked", "ablated_picked"), 0
+        )
+        for label in items[0].choices
+    }
+    for it, (ok_i, pick_i), (ok_a, pick_a) in zip(items, intact, ablated, strict=True):
+        ref = rows[it.answer]
+        ref["items"] += 1
+        ref["intact_correct"] += int(ok_i)
+        ref["ablated_correct"] += int(ok_a)
+        rows[pick_i]["intact_picked"] += 1
+        rows[pick_a]["ablated_picked"] += 1
+    return [{"label": label, **row} for label, row in rows.items()]
