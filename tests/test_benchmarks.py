@@ -25,6 +25,7 @@ HERE = Path(__file__).parent
 REFERENCE = json.loads((HERE / "fixtures" / "choice_loglik_reference.json").read_text())
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 @pytest.mark.parametrize(
     "name, rows", [("hellaswag", 10_042), ("boolq", 3_270), ("mbpp", 500), ("mbpp-prompt", 3)]
 )
@@ -32,6 +33,7 @@ def test_row_counts_equal_the_published_splits(name, rows):
     assert len(load_rows(name)) == rows
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 def test_hellaswag_items_follow_the_released_preprocessing():
     first = load_rows("hellaswag")[0]  # row 0 of the validation split (ind 24)
     assert first["prompt"] == "Roof shingle removal: A man is sitting on a roof. He"
@@ -55,6 +57,7 @@ def test_hellaswag_preprocess_matches_lm_eval_on_wikihow_markup():
     )
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 def test_boolq_items_follow_the_released_prompt():
     rows = load_rows("boolq")
     first = rows[0]
@@ -68,6 +71,7 @@ def test_boolq_items_follow_the_released_prompt():
     assert len(passages) == 2_938  # questions on one passage form one cluster
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 def test_mbpp_rows_are_the_test_split_in_task_id_order():
     rows = load_rows("mbpp")
     assert [r["task_id"] for r in rows] == list(range(11, 511))
@@ -80,6 +84,7 @@ def test_mbpp_rows_are_the_test_split_in_task_id_order():
     assert all(len(r["test_list"]) == 3 and r["code"] for r in prompt)
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 @pytest.mark.parametrize("name", ["hellaswag", "boolq"])
 def test_panels_are_cluster_disjoint_and_deterministic(name):
     task = get_task(name)
@@ -90,6 +95,7 @@ def test_panels_are_cluster_disjoint_and_deterministic(name):
     assert [it.id for it in d] != [it.id for it in make_panels(task, 100, 500, seed=1)[0]]
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 def test_acc_norm_can_choose_against_the_raw_likelihood():
     task = get_task("hellaswag")
     item = task.items[0]

@@ -331,6 +331,7 @@ def test_evaluator_fast_equals_naive_every_task_on_fixtures(path, task_name):
     assert_same_results(fast, naive, atol=1e-3)
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 @pytest.mark.parametrize("task_name", ["hellaswag", "boolq"])
 def test_evaluator_fast_equals_naive_benchmarks_on_fixtures(path, task_name):

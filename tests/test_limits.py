@@ -429,6 +429,7 @@ def test_the_heap_merge_equals_gpt2s_loop():
         assert bpe_merge_heap(word, ranks) == bpe_merge_simple(word, ranks), (word, merges)
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 def test_a_long_word_encodes_like_gpt2_tokenizers_reference():
     """A 3,000-letter word goes through the heap merge; the GPT-2 vocabulary gives the same ids
     as the quadratic loop."""

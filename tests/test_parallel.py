@@ -98,6 +98,7 @@ def test_lm_evaluator_pickles_as_its_spec():
     assert clone.evaluate_many(items, conds) == ev.evaluate_many(items, conds)
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 def test_a_worker_keeps_its_evaluator_across_chunks():
     """Every chunk arrives as a new pickle of the same evaluator: the worker reuses the one it
     built (its intact answers stay computed), and another evaluator gets a new one."""

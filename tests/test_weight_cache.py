@@ -36,6 +36,7 @@ def assert_same_params(a, b):
         assert np.array_equal(fa[name], fb[name]), f"{name} differs between the two loads"
 
 
+@pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 def test_smollm2_from_the_cache_equals_the_dequantized_gguf():
     cached = cn.load_model("smollm2")  # written on the first load ever, mapped afterwards
     again = cn.load_model("smollm2")
