@@ -219,3 +219,18 @@ def test_a_fixed_label_set_reports_its_balance(tmp_path):
         "By reference label (every item offers the same choices)"
         in (tmp_path / "run" / "report.md").read_text()
     )
+
+
+def test_a_search_on_a_fixed_label_set_reports_its_balance(tmp_path):
+    """The same per-label counts in a localize report, against its own held-out statistics."""
+    ev = LabelEvaluator(n_layers=3, n_heads=4, planted={(1, 2): 1.0})
+    res = localize(tmp_path / "run", lambda t, ref: ev, YesNoTask(), n_discovery=30,
+                   n_heldout=90, seed=0, cross_tasks=[], progress=False,
+                   command="test")  # fmt: skip
+    primary = res["report"]["primary"]
+    balance, ho = primary["answer_balance"], primary["heldout"]
+    assert [row["label"] for row in balance] == [" no", " yes"]
+    assert sum(row["items"] for row in balance) == ho["n"] == 90
+    assert sum(row["ablated_correct"] for row in balance) == ho["correct"]
+    assert sum(r["ablated_correct"] - r["intact_correct"] for r in balance) == ho["gain"]
+    assert "By reference label" in (tmp_path / "run" / "report.md").read_text()

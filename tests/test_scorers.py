@@ -214,3 +214,10 @@ def test_answer_balance_only_for_a_fixed_choice_set():
     assert answer_balance(endings, both, both) is None  # choices differ per item: no labels
     assert answer_balance([NARROW], [(False, "narrow")], [(True, "wide")]) is None  # generate
     assert answer_balance([], [], []) is None
+    yes_no = [_yes_no(" yes", 0), _yes_no(" no", 1)]
+    right = [(True, " yes"), (True, " no")]
+    assert answer_balance(yes_no, right, right) is not None
+    assert answer_balance(yes_no[:1], right[:1], right[:1]) is None  # one item: no label set
+    # a task scoring by its own rule may accept a pick outside the choices: no balance, no crash
+    assert answer_balance(yes_no, right, [(True, " maybe"), (True, " no")]) is None
+    assert answer_balance([_yes_no("yes", 0), yes_no[1]], right, right) is None  # reference too

@@ -402,8 +402,8 @@ def fmt_balance(balance: list[dict] | None) -> list[str]:
     )
     return [
         f"By reference label (every item offers the same choices): {per_label}. Answers picked "
-        f"(intact -> removed, of {n}): {picked}. A gain on one label's items with a loss on the "
-        "other's is a shift of bias between labels, not better reading.",
+        f"(intact -> removed, of {n}): {picked}. A gain on some labels' items with a loss on "
+        "the others' is a shift of bias between labels, not better reading.",
         "",
     ]
 

@@ -42,12 +42,12 @@ from cel_numpy.models.fast import INTACT_CACHE_BYTES
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_SECONDS = 1.0
 # Memory a screening worker needs besides the weights: its activations, the intact passes it
-# keeps (1 GiB counted here, `LMEvaluator(intact_cache_bytes=...)`; `intact_cache_budget` gives
-# more when memory allows) and its interpreter. A SmolLM2
+# keeps (INTACT_CACHE_BYTES, 1 GiB, counted here; `intact_cache_budget` gives more when memory
+# allows) and its interpreter. A SmolLM2
 # capitals screen at D=50 peaked at 2.6 GiB resident in one process, 0.8 GiB of it weights
 # (docs/results/bench/bench-capitals50-final.txt): rounded up. At D=10 a second worker added
 # 0.22 GiB (docs/results/bench/cores-memory.txt).
-WORKER_BYTES = 2 << 30
+WORKER_BYTES = INTACT_CACHE_BYTES + (1 << 30)
 
 
 def available_cores() -> int:

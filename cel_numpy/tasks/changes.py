@@ -89,9 +89,19 @@ def answer_balance(
 ) -> list[dict] | None:
     """Per label of a fixed choice set, in the items' choice order: {"label", "items" (whose
     reference it is), "intact_correct", "ablated_correct", "intact_picked", "ablated_picked"};
-    (correct, picked answer) per item for each model. None unless every item is a choice item
-    offering the same choices (HellaSwag's endings differ per item: no labels to balance)."""
-    if not items or not items[0].choices or any(it.choices != items[0].choices for it in items):
+    (correct, picked answer) per item for each model. None unless there are at least two items,
+    all offering the same choices (HellaSwag's endings differ per item: no labels to balance),
+    and every reference and every pick is one of them (a task scoring by its own rule may
+    accept an answer outside the choices: then there is no balance to show)."""
+    if (
+        len(items) < 2
+        or not items[0].choices
+        or any(it.choices != items[0].choices for it in items)
+    ):
+        return None
+    labels = set(items[0].choices)
+    answers = [it.answer for it in items] + [a for _, a in intact] + [a for _, a in ablated]
+    if not labels.issuperset(answers):
         return None
     rows = {
         label: dict.fromkeys(
