@@ -367,13 +367,16 @@ def fmt_heldout(d: dict) -> str:
     )
 
 
+def _verdicts(results) -> list[tuple[bool, str]]:
+    """(correct, answer) per record: what `cel_numpy.tasks.changes` reads of a result."""
+    return [(r.correct, r.answer) for r in results]
+
+
 def heldout_changes(task, items, intact, ablated) -> dict:
     """The primary set's rescued and damaged held-out items by category
     (`cel_numpy.tasks.changes`: valid, format, echo, shot, genuine)."""
     return classify_changes(
-        [answer_context(task, it) for it in items],
-        [(r.correct, r.answer) for r in intact],
-        [(r.correct, r.answer) for r in ablated],
+        [answer_context(task, it) for it in items], _verdicts(intact), _verdicts(ablated)
     )
 
 
@@ -381,9 +384,7 @@ def heldout_balance(items, intact, ablated) -> list[dict] | None:
     """Per label of a fixed choice set (BoolQ's " no" / " yes"), the held-out items whose
     reference it is, right intact and removed, and how often each picks it
     (`cel_numpy.tasks.changes.answer_balance`); None for other tasks."""
-    return answer_balance(
-        items, [(r.correct, r.answer) for r in intact], [(r.correct, r.answer) for r in ablated]
-    )
+    return answer_balance(items, _verdicts(intact), _verdicts(ablated))
 
 
 def fmt_balance(balance: list[dict] | None) -> list[str]:

@@ -93,22 +93,14 @@ def answer_balance(
     all offering the same choices (HellaSwag's endings differ per item: no labels to balance),
     and every reference and every pick is one of them (a task scoring by its own rule may
     accept an answer outside the choices: then there is no balance to show)."""
-    if (
-        len(items) < 2
-        or not items[0].choices
-        or any(it.choices != items[0].choices for it in items)
-    ):
+    choices = items[0].choices if items else ()
+    if len(items) < 2 or not choices or any(it.choices != choices for it in items):
         return None
-    labels = set(items[0].choices)
     answers = [it.answer for it in items] + [a for _, a in intact] + [a for _, a in ablated]
-    if not labels.issuperset(answers):
+    if not set(choices).issuperset(answers):
         return None
-    rows = {
-        label: dict.fromkeys(
-            ("items", "intact_correct", "ablated_correct", "intact_picked", "ablated_picked"), 0
-        )
-        for label in items[0].choices
-    }
+    counts = ("items", "intact_correct", "ablated_correct", "intact_picked", "ablated_picked")
+    rows = {label: dict.fromkeys(counts, 0) for label in choices}
     for it, (ok_i, pick_i), (ok_a, pick_a) in zip(items, intact, ablated, strict=True):
         ref = rows[it.answer]
         ref["items"] += 1
