@@ -30,7 +30,7 @@ from cel_numpy.localize.ranking import (
     rank_joint,
     rank_singletons,
 )
-from cel_numpy.localize.routine import STAGES, localize
+from cel_numpy.localize.routine import STAGES, chunk_blocks, localize
 from cel_numpy.localize.stats import (
     mcnemar_exact,
     mover_difference,
@@ -302,6 +302,25 @@ def test_executor_gives_identical_records(tmp_path):
         assert (tmp_path / "seq" / f"{stage}.jsonl").read_bytes() == (
             tmp_path / "par" / f"{stage}.jsonl"
         ).read_bytes()
+
+
+def test_chunks_hold_at_most_chunk_items_evaluations():
+    blocks = [rd.Block(f"s{i}", "heldout", ((0, i),)) for i in range(11)]
+    blocks += [rd.Block(f"d{i}", "discovery", ((1, i),)) for i in range(10)]
+    chunks = chunk_blocks(blocks, {"heldout": 500, "discovery": 100}, 8, 1600)
+    assert [len(c) for c in chunks] == [3, 3, 3, 2, 8, 2]  # 1600 // 500 = 3; 8 on 100 items
+    assert [b for c in chunks for b in c] == blocks  # order kept, panels never mixed
+    assert all(len({b.panel for b in c}) == 1 for c in chunks)
+    # a panel larger than the budget still gets one condition per chunk
+    assert [len(c) for c in chunk_blocks(blocks[:3], {"heldout": 5000}, 8, 1600)] == [1, 1, 1]
+
+
+def test_chunk_items_changes_no_record(tmp_path):
+    run_fake(tmp_path / "big", until="joint", chunk_size=8)
+    run_fake(tmp_path / "small", until="joint", chunk_size=8, chunk_items=50)  # 1 per chunk
+    for stage in ("baseline", "screen", "joint"):
+        big = (tmp_path / "big" / f"{stage}.jsonl").read_bytes()
+        assert big and big == (tmp_path / "small" / f"{stage}.jsonl").read_bytes()
 
 
 def test_resume_reuses_finished_stages(tmp_path):

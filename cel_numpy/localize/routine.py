@@ -84,6 +84,11 @@ STAGES = (
 TEST_STAGES = ("heldout", "nulls", "report")  # `test_heads`: a given head set, no search
 SCREENS = ("exact", "gradient")
 MATCHED_POOL = 700  # default pool of the selection-matched null: 4x the search's 175 candidates
+# A chunk (one evaluate_many call, and the unit that is written and resumed) holds at most
+# `chunk_size` conditions and at most CHUNK_ITEMS (condition x item) evaluations: 8 conditions on
+# a 100-item panel (conditions share each batch's intact pass), 3 on a 500-item one, so that a
+# large panel's chunk is written within minutes instead of one 8 x 500 chunk in 40.
+CHUNK_ITEMS = 1600
 
 
 def cel_numpy_version() -> str:
@@ -177,6 +182,21 @@ def describe_single_process() -> str:
     return f"1 process, {n} BLAS thread{'s' * (n != 1)}"
 
 
+def chunk_blocks(
+    blocks: Sequence[rd.Block], panel_sizes: dict[str, int], chunk_size: int, chunk_items: int
+) -> list[list[rd.Block]]:
+    """Split `blocks` (in order) into runs on one panel of at most `chunk_size` conditions and
+    at most `chunk_items` (condition x item) evaluations, and never less than one condition."""
+    chunks: list[list[rd.Block]] = []
+    for block in blocks:
+        per_chunk = max(1, min(chunk_size, chunk_items // max(1, panel_sizes[block.panel])))
+        if chunks and chunks[-1][0].panel == block.panel and len(chunks[-1]) < per_chunk:
+            chunks[-1].append(block)
+        else:
+            chunks.append([block])
+    return chunks
+
+
 def evaluate_chunk(evaluator, items, conditions):
     """What an executor runs: `evaluator.evaluate_many(items, conditions)`
     (picklable by reference)."""
@@ -210,6 +230,7 @@ class Localizer:
         cross_tasks: Sequence = (),
         executor: Executor | None = None,
         chunk_size: int = 8,
+        chunk_items: int = CHUNK_ITEMS,
         progress: bool = True,
         command: str | None = None,
         n_nominees: int = N_NOMINEES,
@@ -266,6 +287,7 @@ class Localizer:
         self.n_discovery, self.n_heldout, self.seed = int(n_discovery), int(n_heldout), int(seed)
         self.executor = executor
         self.chunk_size = max(1, int(chunk_size))
+        self.chunk_items = max(1, int(chunk_items))
         self.progress = progress
         self.stream = stream if stream is not None else sys.stderr
         self.command = command if command is not None else " ".join(sys.argv)
@@ -470,12 +492,12 @@ class Localizer:
             rd.sums_path(self.out, stage).unlink(missing_ok=True)  # of records deleted to redo
         started = time.monotonic()
         remaining = plan[len(blocks) :]
-        chunks: list[list[rd.Block]] = []
-        for block in remaining:
-            if chunks and chunks[-1][0].panel == block.panel and len(chunks[-1]) < self.chunk_size:
-                chunks[-1].append(block)
-            else:
-                chunks.append([block])
+        chunks = chunk_blocks(
+            remaining,
+            {name: len(items) for name, items in self.panels.items()},
+            self.chunk_size,
+            self.chunk_items,
+        )
         bar = Progress(
             label or stage,
             len(remaining),
