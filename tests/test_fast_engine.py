@@ -569,3 +569,27 @@ def test_intact_cache_keeps_what_fits_when_the_panel_does_not(scoring, monkeypat
     expected = results[1]
     for got in results[3:6]:
         assert_same_results(got, expected, atol=1e-9)  # float64 model: kept or not, the same
+
+
+def test_intact_pass_keeps_only_the_bytes_it_counts():
+    """IntactCache budgets by `IntactTree.nbytes`; a kept array that is a view of a larger one
+    (K and V slice the fused QKV projection) would keep the whole base alive, so the memory
+    held would exceed the budget (by 1.5x on SmolLM2 before the arrays were copied)."""
+    import cel_numpy.models.fast as mfast
+
+    model = planted_model(np.random.default_rng(3))
+    task = PlantedTask("choice")
+    ev = LMEvaluator(model, task, batch_size=4)
+    ev.evaluate_many(task.sample(np.random.default_rng(4), 4), [((0, 1),)])
+    ((tree, _, _),) = ev._intact_cache._trees.values()
+
+    def base(a):
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a
+
+    kept = [a for layer in tree.resid_pre + tree.z for a in layer]
+    kept += [a for layer in tree.kv for kv in layer for a in kv]
+    held = {id(base(a)): base(a).nbytes for a in kept}
+    assert sum(held.values()) == tree.nbytes == sum(a.nbytes for a in kept)
+    assert isinstance(tree, mfast.IntactTree)
