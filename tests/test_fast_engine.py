@@ -334,9 +334,11 @@ def test_evaluator_fast_equals_naive_every_task_on_fixtures(path, task_name):
 @pytest.mark.download  # fetches the benchmark data, a model or a vocabulary
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.name)
 @pytest.mark.parametrize("task_name", ["hellaswag", "boolq"])
-def test_evaluator_fast_equals_naive_benchmarks_on_fixtures(path, task_name):
+@pytest.mark.parametrize("ablation", ["zero", "mean", "resample"])
+def test_evaluator_fast_equals_naive_benchmarks_on_fixtures(path, task_name, ablation):
     """The real data's shortest items (one character per token): HellaSwag's four multi-token
-    endings after one context (the prefix-tree path), BoolQ's " no"/" yes"."""
+    endings after one context (the prefix-tree path; under resample ablation each item's
+    context carries its own donor's fill), BoolQ's " no"/" yes"."""
     from cel_numpy.tasks import get_task
 
     model = _fixture_with_text(path)
@@ -345,8 +347,13 @@ def test_evaluator_fast_equals_naive_benchmarks_on_fixtures(path, task_name):
     items = sorted(printable, key=lambda it: len(it.prompt) + max(map(len, it.choices)))[:4]
     L, H = model.config.n_layers, model.config.n_heads
     conds = [(), ((0, 1),), ((L - 1, H - 1),), ((0, 0), (L - 1, 0))]
-    naive = LMEvaluator(model, task, fast=False, batch_size=4).evaluate_many(items, conds)
-    fast = LMEvaluator(model, task, batch_size=4).evaluate_many(items, conds)
+    kw = dict(ablation=ablation, batch_size=4)
+    if ablation == "mean":
+        kw["reference_items"] = items
+    if ablation == "resample":
+        kw["resample_seed"] = 3
+    naive = LMEvaluator(model, task, fast=False, **kw).evaluate_many(items, conds)
+    fast = LMEvaluator(model, task, **kw).evaluate_many(items, conds)
     assert_same_results(fast, naive, atol=1e-3)
 
 

@@ -244,20 +244,31 @@ def _choice_rows(ev, items):
     return out
 
 
-def _choice_tree(ev, prep, items, conds, scores) -> None:
+def _choice_tree(ev, prep, items, conds, scores, fill) -> None:
     """Multi-token choices: per batch of items one forward over the prefix tree context ->
     choices (`score_continuations`), so a context shared by its choices runs once. Fills
-    scores (n_conds, n_items, n_choices) in place."""
+    scores (n_conds, n_items, n_choices) in place.
+
+    fill: None (zero), (L, H, E) for every row (mean ablation), or (L, n_items, H, E) one per
+    item (resample ablation): then each item's context is its own root row, carrying its fill,
+    and the batch shares no prefix (one prefix row would serve every item)."""
+    per_item = fill is not None and fill.ndim == 4
     rows = _choice_rows(ev, items)
     longest = [max(len(c) + len(x) for c, x in rows[i]) for i in range(len(items))]
     order = sorted(range(len(items)), key=lambda i: (max(len(c) for c, _ in rows[i]), rows[i]))
     for chunk in token_budget_chunks([longest[i] for i in order], ev.batch_size):
         batch = [order[i] for i in chunk]
-        contexts: dict[tuple[int, ...], int] = {}  # distinct contexts of the batch, in order
+        contexts: dict[tuple, int] = {}  # distinct contexts of the batch, in order
+        context_ids, context_item = [], []  # per context: its tokens, the item it was first for
         parent, conts, slots = [], [], []  # per continuation row: its context, ids, (i, j)
         for i in batch:
             for j, (context, cont) in enumerate(rows[i]):
-                parent.append(contexts.setdefault(tuple(context), len(contexts)))
+                key = (i, tuple(context)) if per_item else tuple(context)  # per item: not merged
+                if key not in contexts:
+                    contexts[key] = len(contexts)
+                    context_ids.append(list(context))
+                    context_item.append(i)
+                parent.append(contexts[key])
                 conts.append(cont)
                 slots.append((i, j))
 
@@ -266,54 +277,17 @@ def _choice_tree(ev, prep, items, conds, scores) -> None:
 
         per_cond = score_continuations(
             prep,
-            [list(c) for c in contexts],
+            context_ids,
             conts,
             parent,
             conds,
-            ev.mean_z,
+            rows_of(fill, context_item) if per_item else fill,
             score,
-            share_prefix=ev.share_prefix,
+            share_prefix=ev.share_prefix and not per_item,
             cache=_cache(ev),
         )
         for k, logps in enumerate(per_cond):
             for (i, j), lp in zip(slots, logps):
-                scores[k, i, j] = lp
-
-
-def _choice_per_row(ev, prep, items, conds, scores, fill) -> None:
-    """Multi-token choices with a per-item fill (resample ablation): one padded row per (item,
-    choice), so each row carries its own item's fill; no prefix tree. Fills scores in place."""
-    model = ev.model
-    rows = []  # (item index, choice index, ids, start)
-    for i, it in enumerate(items):
-        for j, ch in enumerate(it.choices):
-            ids, start = ev.continuation_ids(it.prompt, ch)
-            rows.append((i, j, ids, start))
-    for span in token_budget_chunks([len(r[2]) for r in rows], ev.batch_size):
-        chunk = rows[span.start : span.stop]
-        ids, mask = model.pad([r[2] for r in chunk])
-        # scored positions, at the end
-        n = max(len(seq) - start for _, _, seq, start in chunk) + 1
-
-        def reduce(lg, chunk=chunk):  # (b, n, V) right-aligned -> (b,) log-probs
-            return [
-                continuation_logprob(lg[r], seq[start:])
-                for r, (_, _, seq, start) in enumerate(chunk)
-            ]
-
-        logits = ablated_readout(
-            prep,
-            ids,
-            mask,
-            conds,
-            rows_of(fill, [r[0] for r in chunk]),
-            readout=slice(-n, None),
-            reduce=reduce,
-            share_prefix=ev.share_prefix,
-            cache=_cache(ev),
-        )
-        for k, logps in enumerate(logits):
-            for (i, j, _, _), lp in zip(chunk, logps):
                 scores[k, i, j] = lp
 
 
@@ -346,8 +320,5 @@ def _choice(ev, items, conds):
                 for b, logp in enumerate(per_item):
                     scores[k, start + b, : len(logp)] = logp
     else:
-        if fill is None or fill.ndim == 3:  # zero or mean ablation: one fill for every row
-            _choice_tree(ev, prep, items, conds, scores)
-        else:
-            _choice_per_row(ev, prep, items, conds, scores, fill)
+        _choice_tree(ev, prep, items, conds, scores, fill)
     return [choice_results(ev.task, items, scores[k]) for k in range(len(conds))]
