@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -623,3 +624,54 @@ def test_cli_theory_stages_and_resume(tmp_path, trained_theory, capsys):
         localize_cli(base + ["--stage", "nope"])
     with pytest.raises(UserError, match="tasks A and B"):
         localize_cli(base[:4] + ["arithmetic"] + base[5:])
+
+
+def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
+    """`--plan` on the tiny Llama (2 layers x 4 heads, from its config.json) and a task file:
+    the table before any work (nothing written), then after the screen: finished stages marked,
+    the rest timed at the screen's recorded pace; bad --plan options are one line."""
+    from helpers import copy_fixture, with_tokenizer
+
+    model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))
+    config = json.loads((model / "config.json").read_text())
+    n_heads = config["num_hidden_layers"] * config["num_attention_heads"]
+    rows = [{"id": k, "prompt": f"Item {k} says", "choices": ["yes", "no"], "answer": k % 2}
+            for k in range(20)]  # fmt: skip
+    task = tmp_path / "tiny.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    base = ["localize", "--model", str(model), "--task", str(task), "--discovery", "6",
+            "--heldout", "8", "--null-sets", "3", "--cross-tasks", "none", "--out",
+            str(out), "--quiet", "--workers", "1"]  # fmt: skip
+    assert localize_cli(base + ["--plan"]) == 0
+    table = capsys.readouterr().out
+    assert not out.exists()
+    budget = n_heads + math.comb(n_heads, 2) + math.comb(n_heads, 3) if n_heads < 10 else 175
+    nominees = min(10, n_heads)
+    want = {"baseline": (2, 6), "screen": (n_heads, 6), "joint": (budget - nominees, 6),
+            "confirm": (11, 6), "heldout": (11, 8), "nulls": (3, 8)}  # fmt: skip
+    for stage, (conditions, items) in want.items():
+        line = next(x for x in table.splitlines() if x.startswith(stage + " "))
+        assert f"{conditions} x {items}" in line and "to run" in line, line
+    total = sum(c * i for c, i in want.values())
+    assert next(x for x in table.splitlines() if x.startswith("total")).split()[-1] == f"{total:,}"
+    assert "no pace known" in table
+
+    assert localize_cli(base + ["--stage", "screen"]) == 0
+    capsys.readouterr()
+    assert localize_cli(base + ["--plan"]) == 0
+    table = capsys.readouterr().out
+    lines = {x.split()[0]: x for x in table.splitlines()}
+    assert lines["baseline"].endswith("done") and lines["screen"].endswith("done")
+    assert "about" in lines["joint"] and "time left" in table
+    done = json.loads((out / "screen.done.json").read_text())
+    pace = done["seconds"] / done["n_records"]
+    assert f"at {pace:.3f} s of wall time per evaluation (the screen stage of {out}" in table
+    left = total - 2 * 6 - n_heads * 6
+    assert lines["left"].split()[-1] == f"{left:,}"
+
+    with pytest.raises(OptionError, match="--pace-from .*: no finished screen or joint stage"):
+        localize_cli(base + ["--plan", "--pace-from", str(tmp_path)])
+    with pytest.raises(OptionError, match="--plan is for language models"):
+        localize_cli(["localize", "--model", "theory", "--task", "A", "--out",
+                      str(tmp_path / "t"), "--plan"])  # fmt: skip

@@ -115,6 +115,33 @@ def test_report_gives_the_mean_logprob_change_from_the_records(matched_run):
     assert f"{lp['mean']:+.3f} [{lp['ci_low']:+.3f}, {lp['ci_high']:+.3f}]" in md
 
 
+def test_evaluation_plan_counts_what_the_run_evaluated(matched_run):
+    """`--plan`'s counts against the records each stage of a finished run wrote (the matched
+    null's held-out picks are random: its count is an expectation, checked against the
+    enumerated probabilities in test_expected_distinct_picks_*)."""
+    from cel_numpy.localize.routine import evaluation_plan
+
+    out, res = matched_run
+    rows = evaluation_plan(12, 12, 16, n_nominees=3, n_finalists=3, null_sets=4,
+                           matched_null=300, matched_pool=12,
+                           set_size=res["matched-pool"]["size"])  # fmt: skip
+    written = {
+        path.name.split(".")[0]: json.loads(path.read_text())["n_records"]
+        for path in out.glob("*.done.json")
+    }
+    planned = {stage: conditions * items for stage, conditions, items in rows}
+    assert [stage for stage, _, _ in rows] == [
+        "baseline", "screen", "joint", "confirm", "heldout", "nulls", "matched-pool",
+        "matched-null",
+    ]  # fmt: skip
+    assert {k: v for k, v in planned.items() if k != "matched-null"} == {
+        k: v for k, v in written.items() if k in planned and k != "matched-null"
+    }
+    expected = expected_distinct_picks(12, 7, 300) * 16
+    assert planned["matched-null"] == pytest.approx(expected)
+    assert written["matched-null"] == res["matched-null"]["distinct"] * 16
+
+
 # --------------------------------------------------------------------------- the matched null
 
 

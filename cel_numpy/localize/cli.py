@@ -203,6 +203,21 @@ def register(subparsers) -> None:
         metavar="S",
         help="seed of the matched null's pool and replicates (default: the panel --seed)",
     )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the (condition x item) evaluations of every stage and exit, writing nothing "
+        "(the model's configuration is read, not its weights); stages already finished in --out "
+        "are marked, and the rest timed at the pace of its finished screen or joint stage",
+    )
+    p.add_argument(
+        "--pace-from",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="with --plan: time the stages at the pace (wall seconds per evaluation, with its "
+        "workers) of the screen or joint stage finished in this other run directory",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument(
         "--allow-code-execution",
@@ -741,9 +756,103 @@ def _run_with(loc, executor, stage: str, out) -> dict:
             executor.shutdown()
 
 
+def format_plan(rows, on_disk: dict[str, tuple[bool, int]], pace) -> str:
+    """The table `--plan` prints. rows: (stage, conditions, items) from `evaluation_plan`;
+    on_disk: {stage: (finished, records written)} of the stages found in --out; pace: (wall
+    seconds per evaluation, the stage it was measured on, its run directory) or None."""
+    lines = [f"{'stage':<13} {'conditions x items':>22} {'evaluations':>12}  status"]
+    total = left = 0.0
+    for stage, conditions, items in rows:
+        n = conditions * items
+        total += n
+        finished, written = on_disk.get(stage, (False, 0))
+        to_do = 0.0 if finished else max(0.0, n - written)
+        left += to_do
+        if finished:
+            status = "done"
+        else:
+            status = f"{written:,} on disk; " if written else ""
+            status += f"about {to_do * pace[0] / 3600:.1f} h" if pace else "to run"
+        about = "about " if isinstance(conditions, float) else ""
+        shown = f"{about}{conditions:.0f} x {items}"
+        lines.append(f"{stage:<13} {shown:>22} {n:>12,.0f}  {status}")
+    lines.append(f"{'total':<13} {'':>22} {total:>12,.0f}")
+    if on_disk:
+        lines.append(f"{'left':<13} {'':>22} {left:>12,.0f}")
+    if pace:
+        lines.append(
+            f"time left: about {left * pace[0] / 3600:.1f} h at {pace[0]:.3f} s of wall time per "
+            f"evaluation (the {pace[1]} stage of {pace[2]}, with the workers it ran with; intact "
+            "baseline passes cost more per evaluation)"
+        )
+    else:
+        lines.append(
+            "time: no pace known (--pace-from DIR takes it from a finished run of the same "
+            "model and task); every stage prints its own estimate after its first chunk"
+        )
+    return "\n".join(lines)
+
+
+def run_plan(args) -> int:
+    """--plan: the evaluations of every stage, from the model's configuration and the options;
+    nothing is written."""
+    from cel_numpy.localize import rundir as rd
+    from cel_numpy.localize.routine import STAGES, evaluation_plan, stage_pace
+    from cel_numpy.models.loaders import read_model_config
+
+    check_options(args)
+    if is_theory(args.model):
+        raise OptionError("--plan is for language models: a theory localization takes seconds")
+    if args.pace_from is not None and not args.pace_from.is_dir():
+        raise OptionError(f"--pace-from {args.pace_from}: not a directory; give a run directory")
+    task, cross = lm_tasks(args)
+    check_panel_sizes(task, cross, args.discovery, args.heldout)
+    config = read_model_config(args.model)
+    n_heads = config.n_layers * config.n_heads
+    rows = evaluation_plan(
+        n_heads,
+        args.discovery,
+        args.heldout,
+        screen=args.screen,
+        n_candidates=args.candidates,
+        null_sets=args.null_sets,
+        matched_null=args.matched_null,
+        matched_pool=args.matched_pool,
+        n_cross_tasks=len([t for t in cross if t.name != task.name]),
+    )
+    out = Path(args.out)
+    on_disk = {}
+    for stage in STAGES if out.is_dir() else ():
+        records, done = rd.stage_paths(out, stage)
+        if done.exists():
+            on_disk[stage] = (True, 0)
+        elif records.exists():  # a stage stopped part way: its finished chunks
+            with open(records, "rb") as f:
+                on_disk[stage] = (
+                    False,
+                    sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")),
+                )
+    source = args.pace_from if args.pace_from is not None else out
+    found = stage_pace(source) if source.is_dir() else None
+    if args.pace_from is not None and found is None:
+        raise OptionError(
+            f"--pace-from {args.pace_from}: no finished screen or joint stage there "
+            "(screen.done.json or joint.done.json); give a run directory that has one"
+        )
+    print(
+        f"plan: {args.model} ({config.n_layers} x {config.n_heads} = {n_heads} heads), "
+        f"{task.name}, {args.discovery} discovery / {args.heldout} held-out items (the matched "
+        "null's pool sized for a rank-1 set of 3 heads)"
+    )
+    print(format_plan(rows, on_disk, None if found is None else (*found, source)))
+    return 0
+
+
 def run(args) -> int:
     from cel_numpy.localize.routine import Localizer
 
+    if args.plan:
+        return run_plan(args)
     task, cross, make_evaluator, executor = _prepare(args)
     loc = Localizer(
         args.out,

@@ -91,6 +91,64 @@ MATCHED_POOL = 700  # default pool of the selection-matched null: 4x the search'
 CHUNK_ITEMS = 1600
 
 
+def evaluation_plan(
+    n_heads: int,
+    n_discovery: int,
+    n_heldout: int,
+    *,
+    screen: str = "exact",
+    n_candidates: int = 30,
+    n_nominees: int = N_NOMINEES,
+    n_finalists: int = N_FINALISTS,
+    null_sets: int = 0,
+    matched_null: int = 0,
+    matched_pool: int = MATCHED_POOL,
+    n_cross_tasks: int = 0,
+    set_size: int = 3,
+) -> list[tuple[str, float, int]]:
+    """(stage, conditions, items) of every stage that evaluates, in run order: a localization
+    makes sum(conditions x items) (condition x item) evaluations. n_heads counts every head of
+    the model (layers x heads). The rank-1 set's size is known only after the joint search;
+    set_size (default 3, the largest) sizes the matched null's pool. The matched null's
+    held-out picks are an expectation (`expected_distinct_picks`), hence a float. The gradient
+    screen's forward + backward passes are not (condition x item) evaluations and are not
+    counted."""
+    screened = n_heads if screen == "exact" else min(n_heads, n_candidates)
+    nominees = min(n_nominees, screened)
+    budget = nominees + math.comb(nominees, 2) + math.comb(nominees, 3)
+    finalists = min(n_finalists, budget)
+    rows = [
+        ("baseline", 2, n_discovery),  # the intact model twice: the passes must agree
+        ("screen", screened, n_discovery),
+        ("joint", budget - nominees, n_discovery),  # the singletons come from the screen
+        ("confirm", finalists + 1, n_discovery),
+        ("heldout", finalists + 1, n_heldout),
+    ]
+    if null_sets:
+        rows.append(("nulls", null_sets, n_heldout))
+    if matched_null:
+        pool = min(matched_pool, math.comb(n_heads, set_size))
+        picks = expected_distinct_picks(pool, min(budget, pool), matched_null)
+        rows += [("matched-pool", pool, n_discovery), ("matched-null", picks, n_heldout)]
+    if n_cross_tasks:
+        rows.append(("crosstask", n_cross_tasks * (finalists + 1), n_heldout))
+    return rows
+
+
+def stage_pace(run_dir) -> tuple[float, str] | None:
+    """(wall seconds per (condition x item), "joint" or "screen") of the joint search or the
+    screen finished in run_dir (ablated evaluations, as most stages make; the intact baseline
+    passes cost far more each); None when neither is finished or readable. A stage resumed over
+    several processes recorded only its last process's time: its pace reads too fast."""
+    for stage in ("joint", "screen"):
+        try:
+            info = json.loads(rd.stage_paths(run_dir, stage)[1].read_text())
+            return float(info["seconds"]) / int(info["n_records"]), stage
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+            continue
+    return None
+
+
 def cel_numpy_version() -> str:
     try:
         from importlib.metadata import version
@@ -419,15 +477,7 @@ class Localizer:
         return text
 
     def _seconds_per_evaluation(self) -> tuple[float, str] | None:
-        """Seconds per (condition x item) of the joint search or the screen, as finished here
-        (ablated evaluations like the pool's; the intact baseline passes cost far more each)."""
-        for stage in ("joint", "screen"):
-            try:
-                info = json.loads(rd.stage_paths(self.out, stage)[1].read_text())
-                return float(info["seconds"]) / int(info["n_records"]), stage
-            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-                continue
-        return None
+        return stage_pace(self.out)
 
     def _extra_manifest(self) -> dict:
         return {}

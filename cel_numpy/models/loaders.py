@@ -111,6 +111,28 @@ def load_model(
     return model
 
 
+class _ConfigRead(Exception):
+    """Raised by `read_model_config`'s check to stop `load_model` before any weight is read."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__("config read")
+        self.config = config
+
+
+def read_model_config(source) -> ModelConfig:
+    """The ModelConfig of a known name, HF folder, .gguf or .npz file, without reading any
+    weight (what `load_model` knows when it calls check_config)."""
+
+    def stop(config: ModelConfig) -> None:
+        raise _ConfigRead(config)
+
+    try:
+        load_model(source, check_config=stop, weight_cache=False)
+    except _ConfigRead as done:
+        return done.config
+    raise RuntimeError(f"{source}: load_model returned without reading a config")  # cannot
+
+
 def _cache_entry(path: Path, dtype, weight_cache: bool | None) -> Path | None:
     """The weight cache file for this load, or None when the cache is not used (load_model)."""
     if weight_cache is None:
