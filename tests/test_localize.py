@@ -672,6 +672,21 @@ def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
 
     with pytest.raises(OptionError, match="--pace-from .*: no finished screen or joint stage"):
         localize_cli(base + ["--plan", "--pace-from", str(tmp_path)])
+    with pytest.raises(OptionError, match="describes a different run \\(panel_sizes"):
+        localize_cli([*base[:6], "5", *base[7:], "--plan"])  # --discovery 5, not 6
+    with pytest.raises(OptionError, match="--pace-from goes with --plan"):
+        localize_cli(base + ["--pace-from", str(out)])
     with pytest.raises(OptionError, match="--plan is for language models"):
         localize_cli(["localize", "--model", "theory", "--task", "A", "--out",
                       str(tmp_path / "t"), "--plan"])  # fmt: skip
+
+
+def test_evaluation_plan_on_tiny_models_sizes_the_pool_by_the_largest_rank1_size():
+    """With 4 heads the largest pool is of pairs (6 sets), with 2 heads of single heads (2),
+    and a pool smaller than the budget is every set (no division by zero)."""
+    from cel_numpy.localize.routine import evaluation_plan
+
+    for n_heads, pool in ((4, 6), (2, 2), (1, 1)):
+        rows = {s: (c, i) for s, c, i in evaluation_plan(n_heads, 5, 7, matched_null=20)}
+        assert rows["matched-pool"] == (pool, 5)
+        assert 1 <= rows["matched-null"][0] <= pool

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import sys
 from pathlib import Path
 
@@ -793,11 +794,43 @@ def format_plan(rows, on_disk: dict[str, tuple[bool, int]], pace) -> str:
     return "\n".join(lines)
 
 
+def check_plan_against_manifest(args, out: Path) -> None:
+    """--plan on an --out written by a run with other settings: the error the run would give,
+    instead of a plan that counts that run's stages as this one's."""
+    path = out / "manifest.json"
+    if not path.exists():
+        return
+    from cel_numpy.localize import rundir as rd
+
+    m = rd.read_json_object(path, "use a fresh --out")
+    fold = fold_option(args)
+    now = {
+        "panel_sizes": {"discovery": args.discovery, "heldout": args.heldout},
+        "seed": args.seed,
+        "null_sets": args.null_sets,
+        "matched_null": args.matched_null,
+        "fold": None if fold is None else list(fold),
+    }
+    there = {
+        "panel_sizes": m.get("panel_sizes"),
+        "seed": m.get("seed"),
+        "null_sets": (m.get("null_sets") or {}).get("n", 0),
+        "matched_null": (m.get("matched_null") or {}).get("replicates", 0),
+        "fold": None if "fold" not in m else [m["fold"]["k"], m["fold"]["folds"]],
+    }
+    for key in now:
+        if now[key] != there[key]:
+            raise OptionError(
+                f"{path} describes a different run ({key}: {there[key]} there, {now[key]} now); "
+                "give its own options, or a fresh --out"
+            )
+
+
 def run_plan(args) -> int:
     """--plan: the evaluations of every stage, from the model's configuration and the options;
     nothing is written."""
     from cel_numpy.localize import rundir as rd
-    from cel_numpy.localize.routine import STAGES, evaluation_plan, stage_pace
+    from cel_numpy.localize.routine import STAGES, build_panels, evaluation_plan, stage_pace
     from cel_numpy.models.loaders import read_model_config
 
     check_options(args)
@@ -807,8 +840,19 @@ def run_plan(args) -> int:
         raise OptionError(f"--pace-from {args.pace_from}: not a directory; give a run directory")
     task, cross = lm_tasks(args)
     check_panel_sizes(task, cross, args.discovery, args.heldout)
+    if fold_option(args) is not None:  # as the run checks before any work
+        build_panels(task, args.discovery, args.heldout, args.seed, fold_option(args))
     config = read_model_config(args.model)
     n_heads = config.n_layers * config.n_heads
+    check_null_sets(args.null_sets, config.n_layers, config.n_heads, None)
+    nominees = min(10, n_heads if args.screen == "exact" else min(n_heads, args.candidates))
+    budget = nominees + math.comb(nominees, 2) + math.comb(nominees, 3)
+    if args.matched_null and args.matched_pool < budget <= n_heads:
+        raise OptionError(
+            f"--matched-pool {args.matched_pool} is smaller than the search budget ({budget} "
+            f"candidate sets): use --matched-pool >= {budget}"
+        )
+    check_plan_against_manifest(args, Path(args.out))
     rows = evaluation_plan(
         n_heads,
         args.discovery,
@@ -841,8 +885,12 @@ def run_plan(args) -> int:
         )
     print(
         f"plan: {args.model} ({config.n_layers} x {config.n_heads} = {n_heads} heads), "
-        f"{task.name}, {args.discovery} discovery / {args.heldout} held-out items (the matched "
-        "null's pool sized for a rank-1 set of 3 heads)"
+        f"{task.name}, {args.discovery} discovery / {args.heldout} held-out items"
+        + (
+            " (the matched null's pool at its largest over rank-1 sizes 1-3)"
+            if args.matched_null
+            else ""
+        )
     )
     print(format_plan(rows, on_disk, None if found is None else (*found, source)))
     return 0
@@ -853,6 +901,8 @@ def run(args) -> int:
 
     if args.plan:
         return run_plan(args)
+    if args.pace_from is not None:
+        raise OptionError("--pace-from goes with --plan (it times a plan); add --plan")
     task, cross, make_evaluator, executor = _prepare(args)
     loc = Localizer(
         args.out,

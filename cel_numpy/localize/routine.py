@@ -104,15 +104,18 @@ def evaluation_plan(
     matched_null: int = 0,
     matched_pool: int = MATCHED_POOL,
     n_cross_tasks: int = 0,
-    set_size: int = 3,
+    set_size: int | None = None,
 ) -> list[tuple[str, float, int]]:
     """(stage, conditions, items) of every stage that evaluates, in run order: a localization
     makes sum(conditions x items) (condition x item) evaluations. n_heads counts every head of
     the model (layers x heads). The rank-1 set's size is known only after the joint search;
-    set_size (default 3, the largest) sizes the matched null's pool. The matched null's
+    set_size sizes the matched null's pool (default: the size among 1-3 heads with the most
+    sets, so the pool is an upper bound). The matched null's
     held-out picks are an expectation (`expected_distinct_picks`), hence a float. The gradient
     screen's forward + backward passes are not (condition x item) evaluations and are not
     counted."""
+    if set_size is None:  # the largest pool any rank-1 size (1 to 3 heads) could draw
+        set_size = max(range(1, 4), key=lambda k: math.comb(n_heads, k))
     screened = n_heads if screen == "exact" else min(n_heads, n_candidates)
     nominees = min(n_nominees, screened)
     budget = nominees + math.comb(nominees, 2) + math.comb(nominees, 3)
@@ -128,7 +131,7 @@ def evaluation_plan(
         rows.append(("nulls", null_sets, n_heldout))
     if matched_null:
         pool = min(matched_pool, math.comb(n_heads, set_size))
-        picks = expected_distinct_picks(pool, min(budget, pool), matched_null)
+        picks = expected_distinct_picks(pool, min(budget, pool), matched_null) if pool else 0.0
         rows += [("matched-pool", pool, n_discovery), ("matched-null", picks, n_heldout)]
     if n_cross_tasks:
         rows.append(("crosstask", n_cross_tasks * (finalists + 1), n_heldout))
