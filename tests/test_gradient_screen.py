@@ -109,6 +109,15 @@ def test_gradient_prefilter_screens_the_top_candidates_and_finds_the_planted_hea
     assert ho["name"] == "L2H3" and ho["rescued"] == 20 and ho["damaged"] == 0
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["screen"] == {"method": "gradient", "n_candidates": 5}
+    # `--plan`'s counts for this run: 5 heads screened, not 12 (evaluation_plan)
+    from cel_numpy.localize.routine import evaluation_plan
+
+    planned = {st: c * i for st, c, i in evaluation_plan(12, 20, 20, screen="gradient",
+                                                         n_candidates=5, n_nominees=3,
+                                                         n_finalists=3)}  # fmt: skip
+    written = {st: json.loads((tmp_path / "run" / f"{st}.done.json").read_text())["n_records"]
+               for st in planned}  # fmt: skip
+    assert planned == written and planned["screen"] == 5 * 20
 
 
 def test_gradient_run_resumes_and_refuses_a_changed_estimate_file(tmp_path):
