@@ -674,6 +674,10 @@ def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
         localize_cli(base + ["--plan", "--pace-from", str(tmp_path)])
     with pytest.raises(OptionError, match="describes a different run \\(panel_sizes"):
         localize_cli([*base[:6], "5", *base[7:], "--plan"])  # --discovery 5, not 6
+    assert localize_cli(base + ["--plan", "--stage", "joint"]) == 0  # up to --stage only
+    assert [x.split()[0] for x in capsys.readouterr().out.splitlines()[2:6]] == [
+        "baseline", "screen", "joint", "total"
+    ]  # fmt: skip
     with pytest.raises(OptionError, match="--pace-from goes with --plan"):
         localize_cli(base + ["--pace-from", str(out)])
     with pytest.raises(OptionError, match="--plan is for language models"):

@@ -864,6 +864,7 @@ def run_plan(args) -> int:
         matched_pool=args.matched_pool,
         n_cross_tasks=len([t for t in cross if t.name != task.name]),
     )
+    rows = [r for r in rows if STAGES.index(r[0]) <= STAGES.index(args.stage)]  # --stage NAME
     out = Path(args.out)
     on_disk = {}
     for stage in STAGES if out.is_dir() else ():
