@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import sys
 from pathlib import Path
 
@@ -830,7 +829,14 @@ def run_plan(args) -> int:
     """--plan: the evaluations of every stage, from the model's configuration and the options;
     nothing is written."""
     from cel_numpy.localize import rundir as rd
-    from cel_numpy.localize.routine import STAGES, build_panels, evaluation_plan, stage_pace
+    from cel_numpy.localize.routine import (
+        STAGES,
+        build_panels,
+        check_matched_pool,
+        evaluation_plan,
+        search_budget,
+        stage_pace,
+    )
     from cel_numpy.models.loaders import read_model_config
 
     check_options(args)
@@ -845,13 +851,9 @@ def run_plan(args) -> int:
     config = read_model_config(args.model)
     n_heads = config.n_layers * config.n_heads
     check_null_sets(args.null_sets, config.n_layers, config.n_heads, None)
-    nominees = min(10, n_heads if args.screen == "exact" else min(n_heads, args.candidates))
-    budget = nominees + math.comb(nominees, 2) + math.comb(nominees, 3)
-    if args.matched_null and args.matched_pool < budget <= n_heads:
-        raise OptionError(
-            f"--matched-pool {args.matched_pool} is smaller than the search budget ({budget} "
-            f"candidate sets): use --matched-pool >= {budget}"
-        )
+    if args.matched_null:  # as the run refuses it before any work
+        budget = search_budget(n_heads, args.screen, args.candidates)
+        check_matched_pool(args.matched_pool, budget, n_heads)
     check_plan_against_manifest(args, Path(args.out))
     rows = evaluation_plan(
         n_heads,

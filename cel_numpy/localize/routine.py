@@ -91,6 +91,28 @@ MATCHED_POOL = 700  # default pool of the selection-matched null: 4x the search'
 CHUNK_ITEMS = 1600
 
 
+def search_budget(
+    n_heads: int, screen: str = "exact", n_candidates: int = 30, n_nominees: int = N_NOMINEES
+) -> int:
+    """Candidates the joint search ranks (175 with 10 nominees): the nominees alone, in pairs
+    and in triples; the matched null's budget. n_heads counts every head of the model."""
+    n = min(n_nominees, n_heads)
+    if screen == "gradient":
+        n = min(n, n_candidates)
+    return n + math.comb(n, 2) + math.comb(n, 3)
+
+
+def check_matched_pool(pool: int, budget: int, n_heads: int) -> None:
+    """--matched-pool smaller than the budget, on a model with enough sets of every size to
+    fill the budget: refused before any work (a replicate could not draw its budget)."""
+    if pool < budget and n_heads >= budget:
+        raise UserError(
+            f"--matched-pool {pool} is smaller than the search budget ({budget} candidate "
+            f"sets): each replicate draws {budget} sets from the pool; use --matched-pool "
+            f">= {budget} (4x the budget or more keeps the replicates apart)"
+        )
+
+
 def evaluation_plan(
     n_heads: int,
     n_discovery: int,
@@ -118,7 +140,7 @@ def evaluation_plan(
         set_size = max(range(1, 4), key=lambda k: math.comb(n_heads, k))
     screened = n_heads if screen == "exact" else min(n_heads, n_candidates)
     nominees = min(n_nominees, screened)
-    budget = nominees + math.comb(nominees, 2) + math.comb(nominees, 3)
+    budget = search_budget(n_heads, screen, n_candidates, n_nominees)
     finalists = min(n_finalists, budget)
     rows = [
         ("baseline", 2, n_discovery),  # the intact model twice: the passes must agree
@@ -439,22 +461,14 @@ class Localizer:
     kind = "localize"
 
     def _search_budget(self) -> int:
-        """Candidates the joint search ranks (175 with 10 nominees): the matched null's budget."""
-        n = min(self.n_nominees, self.n_layers * self.n_heads)
-        if self.screen_method == "gradient":
-            n = min(n, self.n_candidates)
-        return n + math.comb(n, 2) + math.comb(n, 3)
+        return search_budget(
+            self.n_layers * self.n_heads, self.screen_method, self.n_candidates, self.n_nominees
+        )
 
     def _check_matched_pool(self) -> None:
-        """--matched-pool smaller than the budget, on a model with enough sets of every size to
-        fill the budget: refused before any work (a replicate could not draw its budget)."""
-        budget, pool = self._search_budget(), self.matched["pool"]
-        if pool < budget and self.n_layers * self.n_heads >= budget:
-            raise UserError(
-                f"--matched-pool {pool} is smaller than the search budget ({budget} candidate "
-                f"sets): each replicate draws {budget} sets from the pool; use --matched-pool "
-                f">= {budget} (4x the budget or more keeps the replicates apart)"
-            )
+        check_matched_pool(
+            self.matched["pool"], self._search_budget(), self.n_layers * self.n_heads
+        )
 
     def _matched_price(self, size: int | None = None) -> str:
         """The matched null's cost in (condition x item) evaluations, said before it runs."""
