@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -674,6 +675,31 @@ def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
         localize_cli(base + ["--plan", "--pace-from", str(tmp_path)])
     with pytest.raises(OptionError, match="describes a different run \\(panel_sizes"):
         localize_cli([*base[:6], "5", *base[7:], "--plan"])  # --discovery 5, not 6
+    # another run's --out is refused, not counted as done: by task file, ablation, cross task,
+    # screen, and (a copy whose manifest names another shape) by model
+    other = tmp_path / "other.jsonl"
+    other.write_text(task.read_text().replace("says", "reads"))
+    for change, field in (
+        ({"--task": str(other)}, "task"),
+        ({"--ablation": "mean"}, "ablation"),
+        ({"--cross-tasks": str(other)}, "cross_tasks"),
+        ({"--screen": "gradient"}, "screen"),
+    ):
+        flags = [*base, "--plan"]
+        for option, value in change.items():
+            if option in flags:
+                flags[flags.index(option) + 1] = value
+            else:
+                flags += [option, value]
+        with pytest.raises(OptionError, match=f"describes a different run \\({field}"):
+            localize_cli(flags)
+    reshaped = tmp_path / "reshaped"
+    shutil.copytree(out, reshaped)
+    manifest = json.loads((reshaped / "manifest.json").read_text())
+    manifest["model"]["n_heads"] += 1
+    (reshaped / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(OptionError, match="describes a different run \\(model: \\['llama'"):
+        localize_cli([*base[:-4], str(reshaped), *base[-3:], "--plan"])
     assert localize_cli(base + ["--plan", "--stage", "joint"]) == 0  # up to --stage only
     assert [x.split()[0] for x in capsys.readouterr().out.splitlines()[2:6]] == [
         "baseline", "screen", "joint", "total"

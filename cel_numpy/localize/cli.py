@@ -793,28 +793,53 @@ def format_plan(rows, on_disk: dict[str, tuple[bool, int]], pace) -> str:
     return "\n".join(lines)
 
 
-def check_plan_against_manifest(args, out: Path) -> None:
+def check_plan_against_manifest(args, out: Path, task, cross, config) -> None:
     """--plan on an --out written by a run with other settings: the error the run would give,
-    instead of a plan that counts that run's stages as this one's."""
+    instead of a plan that counts that run's stages as this one's.
+
+    Compares what is known without reading the weights: the model's shape (family, layers,
+    heads; not its file's sha256, which the run checks), the ablation, the task (and a task
+    file's sha256), the cross tasks, the panel sizes, seeds, nulls, screen and fold."""
     path = out / "manifest.json"
     if not path.exists():
         return
     from cel_numpy.localize import rundir as rd
 
     m = rd.read_json_object(path, "use a fresh --out")
+    model, task_there = m.get("model") or {}, m.get("task") or {}
     fold = fold_option(args)
+    nulls, matched = m.get("null_sets") or {}, m.get("matched_null") or {}
+    null_seed = args.seed if args.null_seed is None else args.null_seed
+    matched_seed = args.seed if args.matched_seed is None else args.matched_seed
+    screen = {"method": args.screen, "n_candidates": args.candidates}
     now = {
+        "model": [config.family, config.n_layers, config.n_heads],
+        "ablation": args.ablation,
+        "task": task.name,
+        "task.file_sha256": task.identity().get("file_sha256")
+        if hasattr(task, "identity")
+        else None,
+        "cross_tasks": [t.name for t in cross],
         "panel_sizes": {"discovery": args.discovery, "heldout": args.heldout},
         "seed": args.seed,
-        "null_sets": args.null_sets,
-        "matched_null": args.matched_null,
+        "null_sets": [args.null_sets, null_seed] if args.null_sets else 0,
+        "matched_null": [args.matched_null, args.matched_pool, matched_seed]
+        if args.matched_null
+        else 0,
+        "screen": None if args.screen == "exact" else screen,
         "fold": None if fold is None else list(fold),
     }
     there = {
+        "model": [model.get("family"), model.get("n_layers"), model.get("n_heads")],
+        "ablation": model.get("ablation"),
+        "task": task_there.get("name"),
+        "task.file_sha256": task_there.get("file_sha256"),
+        "cross_tasks": m.get("cross_tasks"),
         "panel_sizes": m.get("panel_sizes"),
         "seed": m.get("seed"),
-        "null_sets": (m.get("null_sets") or {}).get("n", 0),
-        "matched_null": (m.get("matched_null") or {}).get("replicates", 0),
+        "null_sets": [nulls.get("n"), nulls.get("seed")] if nulls.get("n") else 0,
+        "matched_null": [matched.get(k) for k in ("replicates", "pool", "seed")] if matched else 0,
+        "screen": m.get("screen"),
         "fold": None if "fold" not in m else [m["fold"]["k"], m["fold"]["folds"]],
     }
     for key in now:
@@ -854,7 +879,7 @@ def run_plan(args) -> int:
     if args.matched_null:  # as the run refuses it before any work
         budget = search_budget(n_heads, args.screen, args.candidates)
         check_matched_pool(args.matched_pool, budget, n_heads)
-    check_plan_against_manifest(args, Path(args.out))
+    check_plan_against_manifest(args, Path(args.out), task, cross, config)
     rows = evaluation_plan(
         n_heads,
         args.discovery,
