@@ -681,8 +681,8 @@ def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
     other.write_text(task.read_text().replace("says", "reads"))
     for change, field in (
         ({"--task": str(other)}, "task"),
-        ({"--ablation": "mean"}, "ablation"),
-        ({"--cross-tasks": str(other)}, "cross_tasks"),
+        ({"--ablation": "mean"}, "model.ablation"),
+        ({"--cross-tasks": str(other)}, "panel_sizes.cross-other"),
         ({"--screen": "gradient"}, "screen"),
     ):
         flags = [*base, "--plan"]
@@ -698,8 +698,23 @@ def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
     manifest = json.loads((reshaped / "manifest.json").read_text())
     manifest["model"]["n_heads"] += 1
     (reshaped / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(OptionError, match="describes a different run \\(model: \\['llama'"):
+    with pytest.raises(OptionError, match="describes a different run \\(model.n_heads: "):
         localize_cli([*base[:-4], str(reshaped), *base[-3:], "--plan"])
+    # its own run, with a cross task (its panel is in the manifest) and a second seed and
+    # tie-break: the plan counts its stages, and refuses it with another tie-break
+    crossed = [*base[:-4], str(tmp_path / "crossed"), *base[-3:]]
+    crossed[crossed.index("--cross-tasks") + 1] = str(other)
+    crossed += ["--tie-break", "coordinates", "--null-seed", "5"]
+    assert localize_cli(crossed + ["--stage", "baseline"]) == 0
+    capsys.readouterr()
+    assert localize_cli(crossed + ["--plan"]) == 0
+    assert "done" in next(x for x in capsys.readouterr().out.splitlines() if "baseline" in x)
+    for option, value, field in (("--tie-break", "logprob", "tie_break"),
+                                 ("--null-seed", "6", "null_sets.seed")):  # fmt: skip
+        flags = list(crossed)
+        flags[flags.index(option) + 1] = value
+        with pytest.raises(OptionError, match=f"different run \\({field}: "):
+            localize_cli(flags + ["--plan"])
     assert localize_cli(base + ["--plan", "--stage", "joint"]) == 0  # up to --stage only
     assert [x.split()[0] for x in capsys.readouterr().out.splitlines()[2:6]] == [
         "baseline", "screen", "joint", "total"

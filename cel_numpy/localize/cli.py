@@ -797,57 +797,54 @@ def check_plan_against_manifest(args, out: Path, task, cross, config) -> None:
     """--plan on an --out written by a run with other settings: the error the run would give,
     instead of a plan that counts that run's stages as this one's.
 
-    Compares what is known without reading the weights: the model's shape (family, layers,
-    heads; not its file's sha256, which the run checks), the ablation, the task (and a task
-    file's sha256), the cross tasks, the panel sizes, seeds, nulls, screen and fold."""
-    path = out / "manifest.json"
-    if not path.exists():
-        return
+    Compares the manifest the run would write (`routine.options_manifest`, with the panels
+    built) field by field, as the run does, except what needs the weights: the model is
+    compared by family, shape and ablation (the run also compares its file's sha256), and the
+    rendered prompts are not compared."""
     from cel_numpy.localize import rundir as rd
+    from cel_numpy.localize.ranking import N_FINALISTS, N_NOMINEES
+    from cel_numpy.localize.routine import Localizer, options_manifest, run_panels
 
-    m = rd.read_json_object(path, "use a fresh --out")
-    model, task_there = m.get("model") or {}, m.get("task") or {}
+    if not (out / "manifest.json").exists():
+        return
+    there = rd.read_manifest(out)
+    cross = [t for t in cross if t.name != task.name]  # as the routine drops the task itself
     fold = fold_option(args)
-    nulls, matched = m.get("null_sets") or {}, m.get("matched_null") or {}
     null_seed = args.seed if args.null_seed is None else args.null_seed
     matched_seed = args.seed if args.matched_seed is None else args.matched_seed
-    screen = {"method": args.screen, "n_candidates": args.candidates}
-    now = {
-        "model": [config.family, config.n_layers, config.n_heads],
+    model = {
+        "family": config.family,
+        "n_layers": config.n_layers,
+        "n_heads": config.n_heads,
         "ablation": args.ablation,
-        "task": task.name,
-        "task.file_sha256": task.identity().get("file_sha256")
-        if hasattr(task, "identity")
-        else None,
-        "cross_tasks": [t.name for t in cross],
-        "panel_sizes": {"discovery": args.discovery, "heldout": args.heldout},
-        "seed": args.seed,
-        "null_sets": [args.null_sets, null_seed] if args.null_sets else 0,
-        "matched_null": [args.matched_null, args.matched_pool, matched_seed]
-        if args.matched_null
-        else 0,
-        "screen": None if args.screen == "exact" else screen,
-        "fold": None if fold is None else list(fold),
     }
-    there = {
-        "model": [model.get("family"), model.get("n_layers"), model.get("n_heads")],
-        "ablation": model.get("ablation"),
-        "task": task_there.get("name"),
-        "task.file_sha256": task_there.get("file_sha256"),
-        "cross_tasks": m.get("cross_tasks"),
-        "panel_sizes": m.get("panel_sizes"),
-        "seed": m.get("seed"),
-        "null_sets": [nulls.get("n"), nulls.get("seed")] if nulls.get("n") else 0,
-        "matched_null": [matched.get(k) for k in ("replicates", "pool", "seed")] if matched else 0,
-        "screen": m.get("screen"),
-        "fold": None if "fold" not in m else [m["fold"]["k"], m["fold"]["folds"]],
+    matched = {"replicates": args.matched_null, "pool": args.matched_pool, "seed": matched_seed}
+    now = {
+        "format": rd.FORMAT,
+        "kind": Localizer.kind,
+        "model": model,
+        **options_manifest(
+            task,
+            cross,
+            run_panels(task, cross, args.discovery, args.heldout, args.seed, fold),
+            seed=args.seed,
+            n_nominees=N_NOMINEES,
+            n_finalists=N_FINALISTS,
+            tie_break=args.tie_break,
+            null_sets=(args.null_sets, null_seed),
+            screen=(args.screen, args.candidates),
+            fold=fold,
+            matched=matched if args.matched_null else None,
+        ),
     }
-    for key in now:
-        if now[key] != there[key]:
-            raise OptionError(
-                f"{path} describes a different run ({key}: {there[key]} there, {now[key]} now); "
-                "give its own options, or a fresh --out"
-            )
+    there_model = there.get("model") if isinstance(there.get("model"), dict) else {}
+    there = {**there, "model": {k: there_model.get(k) for k in model}}
+    difference = rd.manifest_difference(there, now)
+    if difference is not None:
+        raise OptionError(
+            f"{out / 'manifest.json'} describes a different run ({difference}); give its own "
+            "options, or a fresh --out"
+        )
 
 
 def run_plan(args) -> int:

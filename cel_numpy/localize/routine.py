@@ -91,14 +91,21 @@ MATCHED_POOL = 700  # default pool of the selection-matched null: 4x the search'
 CHUNK_ITEMS = 1600
 
 
+def nominee_count(
+    n_heads: int, screen: str = "exact", n_candidates: int = 30, n_nominees: int = N_NOMINEES
+) -> int:
+    """Heads the joint search combines: n_nominees, or fewer when the model (n_heads, every
+    head) or the gradient screen's candidates have fewer."""
+    screened = n_heads if screen == "exact" else min(n_heads, n_candidates)
+    return min(n_nominees, screened)
+
+
 def search_budget(
     n_heads: int, screen: str = "exact", n_candidates: int = 30, n_nominees: int = N_NOMINEES
 ) -> int:
     """Candidates the joint search ranks (175 with 10 nominees): the nominees alone, in pairs
     and in triples; the matched null's budget. n_heads counts every head of the model."""
-    n = min(n_nominees, n_heads)
-    if screen == "gradient":
-        n = min(n, n_candidates)
+    n = nominee_count(n_heads, screen, n_candidates, n_nominees)
     return n + math.comb(n, 2) + math.comb(n, 3)
 
 
@@ -139,7 +146,7 @@ def evaluation_plan(
     if set_size is None:  # the largest pool any rank-1 size (1 to 3 heads) could draw
         set_size = max(range(1, 4), key=lambda k: math.comb(n_heads, k))
     screened = n_heads if screen == "exact" else min(n_heads, n_candidates)
-    nominees = min(n_nominees, screened)
+    nominees = nominee_count(n_heads, screen, n_candidates, n_nominees)
     budget = search_budget(n_heads, screen, n_candidates, n_nominees)
     finalists = min(n_finalists, budget)
     rows = [
@@ -205,6 +212,66 @@ def cross_panel(task, n: int, seed: int) -> list[Item]:
     """The panel a cross task is evaluated on: the first panel of
     make_panels(task, n, 1, cross_seed)."""
     return build_panels(task, n, 1, cross_seed(seed, task.name))[0]
+
+
+def run_panels(
+    task, cross_tasks, n_discovery: int, n_heldout: int, seed: int, fold=None
+) -> dict[str, list[Item]]:
+    """Every panel a run evaluates, by name: "discovery", "heldout" (`build_panels`) and
+    "cross-NAME" per cross task (`cross_panel`)."""
+    discovery, heldout = build_panels(task, n_discovery, n_heldout, seed, fold)
+    panels = {"discovery": discovery, "heldout": heldout}
+    for t in cross_tasks:
+        panels[f"cross-{t.name}"] = cross_panel(t, n_heldout, seed)
+    return panels
+
+
+def options_manifest(
+    task,
+    cross_tasks,
+    panels: dict[str, list[Item]],
+    *,
+    seed: int,
+    n_nominees: int,
+    n_finalists: int,
+    tie_break: str,
+    null_sets: tuple[int, int],
+    screen: tuple[str, int],
+    fold: tuple[int, int] | None,
+    matched: dict | None,
+) -> dict:
+    """The fields of a run's manifest.json that its task, panels and options decide (not the
+    model, which the evaluator describes): written by the routine, and compared by
+    `localize --plan` with an existing run directory before any weights are read.
+
+    null_sets = (n, seed); screen = (method, n_candidates), recorded only when not "exact";
+    fold = (k, K) or None, recorded only when given, so that runs written before these options
+    existed still resume; matched = {"replicates", "pool", "seed"} or None."""
+    fields = {
+        "task": {
+            "name": task.name,
+            "scoring": task.scoring,
+            "max_new_tokens": getattr(task, "max_new_tokens", None),
+            # a task file's sha256 and options: a changed file is a different run
+            **(task.identity() if hasattr(task, "identity") else {}),
+        },
+        "seed": seed,
+        "panel_sizes": {name: len(items) for name, items in panels.items()},
+        "panel_hashes": {name: rd.items_hash(items) for name, items in panels.items()},
+        "n_clusters": {name: len({it.cluster for it in items}) for name, items in panels.items()},
+        "cross_tasks": [t.name for t in cross_tasks],
+        "n_nominees": n_nominees,
+        "n_finalists": n_finalists,
+        "tie_break": tie_break,
+        "null_sets": {"n": null_sets[0], "seed": null_sets[1]},
+    }
+    if screen[0] != "exact":
+        fields["screen"] = {"method": screen[0], "n_candidates": screen[1]}
+    if fold is not None:
+        fields["fold"] = {"k": fold[0], "folds": fold[1]}
+    if matched is not None:
+        fields["matched_null"] = dict(matched)
+    return fields
 
 
 def _roundtrip(obj):
@@ -385,12 +452,10 @@ class Localizer:
             print(msg, file=self.stream, flush=True)
 
     def _setup(self) -> None:
-        discovery, heldout = build_panels(
-            self.task, self.n_discovery, self.n_heldout, self.seed, self.fold
+        self.panels = run_panels(
+            self.task, self.cross_tasks, self.n_discovery, self.n_heldout, self.seed, self.fold
         )
-        self.panels = {"discovery": discovery, "heldout": heldout}
-        for t in self.cross_tasks:
-            self.panels[f"cross-{t.name}"] = cross_panel(t, self.n_heldout, self.seed)
+        discovery, heldout = self.panels["discovery"], self.panels["heldout"]
         if {it.cluster for it in discovery} & {it.cluster for it in heldout}:
             raise RuntimeError(  # build_panels guarantees not
                 "discovery and held-out panels share a cluster"
@@ -406,39 +471,30 @@ class Localizer:
                 "backward pass)"
             )
         check_null_sets(self.null_sets, self.n_layers, self.n_heads, self._null_set_size())
+        with_matched = self.matched["replicates"] and "matched-null" in self.stages
         manifest = {
             "format": rd.FORMAT,
             "kind": self.kind,
             "model": ev.identity(),
-            "task": {
-                "name": self.task.name,
-                "scoring": self.task.scoring,
-                "max_new_tokens": getattr(self.task, "max_new_tokens", None),
-                # a task file's sha256 and options: a changed file is a different run
-                **(self.task.identity() if hasattr(self.task, "identity") else {}),
-            },
-            "seed": self.seed,
-            "panel_sizes": {name: len(items) for name, items in self.panels.items()},
-            "panel_hashes": {name: rd.items_hash(items) for name, items in self.panels.items()},
-            "n_clusters": {
-                name: len({it.cluster for it in items}) for name, items in self.panels.items()
-            },
-            "cross_tasks": [t.name for t in self.cross_tasks],
-            "n_nominees": self.n_nominees,
-            "n_finalists": self.n_finalists,
-            "tie_break": self.tie_break,
-            "null_sets": {"n": self.null_sets, "seed": self.null_seed},
+            **options_manifest(
+                self.task,
+                self.cross_tasks,
+                self.panels,
+                seed=self.seed,
+                n_nominees=self.n_nominees,
+                n_finalists=self.n_finalists,
+                tie_break=self.tie_break,
+                null_sets=(self.null_sets, self.null_seed),
+                screen=(self.screen_method, self.n_candidates),
+                fold=self.fold,
+                matched=self.matched if with_matched else None,
+            ),
             **self._extra_manifest(),
             **({"task_file": str(self.task.path)} if hasattr(self.task, "path") else {}),
             "cel_numpy_version": cel_numpy_version(),
             "command": self.command,
         }
-        if self.screen_method != "exact":
-            manifest["screen"] = {"method": self.screen_method, "n_candidates": self.n_candidates}
-        if self.fold is not None:  # absent otherwise, so runs written before folds still resume
-            manifest["fold"] = {"k": self.fold[0], "folds": self.fold[1]}
-        if self.matched["replicates"] and "matched-null" in self.stages:
-            manifest["matched_null"] = dict(self.matched)
+        if with_matched:
             self._check_matched_pool()
         if hasattr(ev, "prompts_sha256"):  # language models: the texts the model reads
             tasks = {"discovery": self.task, "heldout": self.task}
@@ -480,8 +536,11 @@ class Localizer:
         picks = expected_distinct_picks(pool, budget, reps)
         at_most = min(reps, pool - budget + 1)
         disc, held = self.n_discovery, self.n_heldout
-        screened = n_heads if self.screen_method == "exact" else min(n_heads, self.n_candidates)
-        search = screened * disc + (search_budget - min(self.n_nominees, screened)) * disc
+        plan = evaluation_plan(
+            n_heads, disc, held, screen=self.screen_method, n_candidates=self.n_candidates,
+            n_nominees=self.n_nominees,
+        )  # fmt: skip
+        search = sum(c * n for stage, c, n in plan if stage in ("screen", "joint"))
         cost = pool * disc + picks * held
         text = (
             f"matched null: {pool} pool sets x {disc} discovery items + about {picks:.0f} "

@@ -367,15 +367,23 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
         return manifest
     old = read_manifest(run_dir)
     check_prompt_hashes(path, old.get("prompt_hashes"), manifest.get("prompt_hashes"))
-    there, now = _identity(old), _identity(manifest)
-    for key in MANIFEST_KEYS + OPTIONAL_MANIFEST_KEYS:
-        field, a, b = _first_difference(key, there.get(key), now.get(key))
-        if field is not None:
-            raise RunDirError(
-                f"{path} describes a different run ({field}: {_short(a)} there, {_short(b)} now); "
-                "use a fresh --out"
-            )
+    difference = manifest_difference(old, manifest)
+    if difference is not None:
+        raise RunDirError(f"{path} describes a different run ({difference}); use a fresh --out")
     return old
+
+
+def manifest_difference(there: dict, now: dict) -> str | None:
+    """The first field in which two manifests describe different runs, as
+    "field: value there, value now" (dotted field names, e.g. model.file_sha256); None when
+    they describe the same run. Where the model was found, the version and the command are not
+    part of a run's identity."""
+    a_ident, b_ident = _identity(there), _identity(now)
+    for key in MANIFEST_KEYS + OPTIONAL_MANIFEST_KEYS:
+        field, a, b = _first_difference(key, a_ident.get(key), b_ident.get(key))
+        if field is not None:
+            return f"{field}: {_short(a)} there, {_short(b)} now"
+    return None
 
 
 def check_prompt_hashes(path: Path, there, now) -> None:
