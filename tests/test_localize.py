@@ -32,7 +32,7 @@ from cel_numpy.localize.ranking import (
     rank_joint,
     rank_singletons,
 )
-from cel_numpy.localize.routine import STAGES, chunk_blocks, localize
+from cel_numpy.localize.routine import STAGES, chunk_blocks, localize, stage_pace
 from cel_numpy.localize.stats import (
     mcnemar_exact,
     mover_difference,
@@ -724,6 +724,17 @@ def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
     with pytest.raises(OptionError, match="--plan is for language models"):
         localize_cli(["localize", "--model", "theory", "--task", "A", "--out",
                       str(tmp_path / "t"), "--plan"])  # fmt: skip
+
+
+def test_stage_pace_counts_only_what_the_finishing_process_evaluated(tmp_path):
+    """A stage resumed over two processes: 1,000 records, 900 written by the first; the second
+    took 10 s for the other 100, so the pace is 0.1 s, not 0.01 s per evaluation."""
+    done = {"stage": "joint", "n_records": 1000, "seconds": 10.0, "records_resumed": 900}
+    (tmp_path / "joint.done.json").write_text(json.dumps(done))
+    assert stage_pace(tmp_path) == (pytest.approx(0.1), "joint")
+    del done["records_resumed"]  # a done-file from before the field: all records count
+    (tmp_path / "joint.done.json").write_text(json.dumps(done))
+    assert stage_pace(tmp_path) == (pytest.approx(0.01), "joint")
 
 
 def test_evaluation_plan_on_tiny_models_sizes_the_pool_by_the_largest_rank1_size():

@@ -170,12 +170,15 @@ def evaluation_plan(
 def stage_pace(run_dir) -> tuple[float, str] | None:
     """(wall seconds per (condition x item), "joint" or "screen") of the joint search or the
     screen finished in run_dir (ablated evaluations, as most stages make; the intact baseline
-    passes cost far more each); None when neither is finished or readable. A stage resumed over
-    several processes recorded only its last process's time: its pace reads too fast."""
+    passes cost far more each); None when neither is finished or readable. A resumed stage's
+    done-file holds its last process's time and the records that process found written
+    (records_resumed), so the pace is that process's time over the records it evaluated; a
+    done-file from before records_resumed was kept counts all records, and reads too fast."""
     for stage in ("joint", "screen"):
         try:
             info = json.loads(rd.stage_paths(run_dir, stage)[1].read_text())
-            return float(info["seconds"]) / int(info["n_records"]), stage
+            evaluated = int(info["n_records"]) - int(info.get("records_resumed", 0))
+            return float(info["seconds"]) / evaluated, stage
         except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
             continue
     return None
@@ -617,6 +620,7 @@ class Localizer:
         else:
             rd.sums_path(self.out, stage).unlink(missing_ok=True)  # of records deleted to redo
         started = time.monotonic()
+        records_resumed = sum(len(b) for b in blocks)
         remaining = plan[len(blocks) :]
         chunks = chunk_blocks(
             remaining,
@@ -697,6 +701,7 @@ class Localizer:
             depends,
             summary,
             seconds=time.monotonic() - started,
+            records_resumed=records_resumed,
         )
         rd.compress_records(self.out, stage)
         self.blocks[stage] = blocks

@@ -18,7 +18,8 @@ Layout (one run = one (model, task) = one directory):
     <stage>.sums             one line per complete block: "<sha256 of its lines> <block name>"
     <stage>.done.json        written last: line count, sha256 of <stage>.jsonl, sha256 of the
                              records of the stages it depends on, the stage's per-condition
-                             summary, the wall time of the process that finished it
+                             summary, the wall time of the process that finished it and
+                             how many records it found already written (records_resumed)
     finalists.json           the frozen top-10 of the joint search (written before confirmation)
     report.json, report.md, *.png
 
@@ -710,9 +711,11 @@ def write_done(
     depends: dict[str, str],
     summary,
     seconds: float | None = None,
+    records_resumed: int = 0,
 ) -> dict:
     """Write <stage>.done.json; `seconds` is the wall time of the process that
-    finished the stage."""
+    finished the stage, which evaluated all but `records_resumed` of its records (those were
+    written by earlier processes of a resumed run)."""
     records, done = stage_paths(run_dir, stage)
     info = {
         "stage": stage,
@@ -724,6 +727,7 @@ def write_done(
         "depends": depends,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "seconds": None if seconds is None else round(seconds, 1),
+        "records_resumed": records_resumed,
         "summary": summary,
     }
     json_dump(done, info)

@@ -428,7 +428,9 @@ def render(summary: dict) -> str:
         "",
         f"Holm: adjusted across the {len(rows)} primary tests of this table (one per run: the "
         "primary set on its held-out panel, cluster sign-flip test). Cross-task gains are "
-        "exploratory (no correction).",
+        "exploratory (no correction). Wall: the stages' recorded times summed; a stage resumed "
+        "over several processes recorded only its last process's time, so a resumed run's "
+        "wall reads short.",
         "",
         "How often each head of a primary set recurs across the searches of its task (in the "
         "primary set; among the ten finalists; test-heads runs, whose set was given, not "
