@@ -15,6 +15,12 @@ accuracy: items in a seeded random order (`--seed`; the items done at any moment
 random sample of the split), `--chunk` at a time through the fast engine (one condition, the
 intact model); each finished chunk's results are appended to --out (one JSON object per item),
 so an interrupted run continues where it stopped (a file written for other items is refused).
+To use two cores with one BLAS thread each, run a second process with `--from-end` (the same
+order from its far end) and its own --out, each naming the other's file with `--merge`: an item
+with a result in the merged file counts as done (re-read before every chunk, so the two stop
+where they meet), and its rows are appended to --out when the call ends (rerun the first
+command once both have stopped to take in the other's last chunk). A prefix and a suffix of one
+uniformly random order are together a uniform random sample, so a run stopped early still is.
 Prints progress with the rate and the time left, then the accuracy with its Wilson interval.
 cost: one warm-up call, then the intact model alone, then `--conditions` single-head conditions
 spread over the layers (head 0), each call on the same items; prints seconds per (condition x
@@ -52,14 +58,34 @@ def accuracy(args) -> None:
     known = {it.id for it in task.items}
     if set(done) - known:
         sys.exit(f"{out} holds results of other items; use another --out")
+
+    def merged() -> dict:
+        """Rows of --merge's file (another process's --out), a half-written last line skipped."""
+        rows = {}
+        if args.merge and Path(args.merge).exists():
+            for line in Path(args.merge).read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if row.get("id") not in known:
+                    sys.exit(f"{args.merge} holds results of other items; check --merge")
+                rows[row["id"]] = row
+        return rows
+
     # one condition per call: keeping intact passes across calls would only hold memory
     ev = LMEvaluator(model, task, batch_size=args.batch_size, intact_cache=False)
-    todo = [it for it in items if it.id not in done]
-    start, n0 = time.perf_counter(), len(todo)
+    todo = [it for it in items if it.id not in done and it.id not in merged()]
+    if args.from_end:
+        todo.reverse()
+    start, ran = time.perf_counter(), 0
     print(f"{args.model} {task.name}: {len(items)} items, {len(done)} done", flush=True)
     with open(out, "a") as f:
         for c0 in range(0, len(todo), args.chunk):
-            chunk = todo[c0 : c0 + args.chunk]
+            other = merged()
+            chunk = [it for it in todo[c0 : c0 + args.chunk] if it.id not in other]
+            if not chunk:
+                break  # the other process has done the rest
             (results,) = ev.evaluate_many(chunk, [()])
             for it, r in zip(chunk, results):
                 row = {"id": it.id, "file_id": task.file_ids[it.id], "correct": r.correct,
@@ -67,20 +93,28 @@ def accuracy(args) -> None:
                 done[it.id] = row
                 f.write(json.dumps(row) + "\n")
             f.flush()
-            n = c0 + len(chunk)
-            rate = (time.perf_counter() - start) / n
+            ran += len(chunk)
+            rate = (time.perf_counter() - start) / ran
             correct = sum(done[it.id]["correct"] for it in items if it.id in done)
+            left = sum(it.id not in done and it.id not in other for it in todo)
             print(
                 f"  {len(done)}/{len(items)} items, {rate:.3f} s/item, "
-                f"{rate * (n0 - n) / 60:.1f} min left, accuracy so far "
+                f"{rate * left / 60:.1f} min left at this rate alone, accuracy so far "
                 f"{correct / len(done):.4f}",
                 flush=True,
             )
+        for row in merged().values():
+            if row["id"] not in done:
+                done[row["id"]] = row
+                f.write(json.dumps(row) + "\n")
+    missing = sum(it.id not in done for it in items)
+    if missing:
+        sys.exit(f"{missing} items have no result yet: rerun once the --merge process has stopped")
     k = sum(done[it.id]["correct"] for it in items)
     lo, hi = wilson_interval(k, len(items))
     wall = time.perf_counter() - start
     print(f"{args.model} {task.name}: {k}/{len(items)} = {k / len(items):.4f} "
-          f"(Wilson 95% {lo:.4f}-{hi:.4f}); this call {wall / 60:.1f} min for {n0} items, "
+          f"(Wilson 95% {lo:.4f}-{hi:.4f}); this call {wall / 60:.1f} min for {ran} items, "
           f"{time.process_time() / 60:.1f} min of CPU")  # fmt: skip
 
 
@@ -137,6 +171,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", help="accuracy: the per-item results file (JSONL)")
     p.add_argument("--limit", type=int, default=0, help="accuracy: only the first N items")
     p.add_argument("--seed", type=int, default=0, help="accuracy: the order items run in")
+    p.add_argument("--from-end", action="store_true", help="accuracy: run the order backwards")
+    p.add_argument("--merge", help="accuracy: another process's --out (see above)")
     p.add_argument("--chunk", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--items", type=int, default=32, help="cost: items per call")
