@@ -828,6 +828,12 @@ CASES = [
         r"--batch-size must be >= 1, got 0",
     ),
     Case(
+        "intact-memory-zero",
+        "localize --intact-memory 0",
+        lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--intact-memory", "0"),
+        r"argument --intact-memory: expected gigabytes above 0, such as 4, got '0'",
+    ),
+    Case(
         "stage-unknown",
         "localize --stage joint-search",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--stage", "joint-search"),

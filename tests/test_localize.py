@@ -726,6 +726,42 @@ def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
                       str(tmp_path / "t"), "--plan"])  # fmt: skip
 
 
+def test_intact_memory_sets_each_evaluators_budget_and_leaves_results_alone(
+    tmp_path, capsys, monkeypatch
+):
+    """--intact-memory GB reaches every evaluator (here 1e-9 GB: one byte, nothing kept, so the
+    intact passes are recomputed in every chunk) and the records equal the default run's."""
+    from helpers import copy_fixture, with_tokenizer
+
+    from cel_numpy.localize import evaluate
+
+    seen = []
+    real_init = evaluate.LMEvaluator.__init__
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("intact_cache_bytes"))
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(evaluate.LMEvaluator, "__init__", spy)
+    model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))
+    rows = [{"id": k, "prompt": f"Item {k} says", "choices": ["yes", "no"], "answer": k % 2}
+            for k in range(20)]  # fmt: skip
+    task = tmp_path / "tiny.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["localize", "--model", str(model), "--task", str(task), "--discovery", "6",
+            "--heldout", "8", "--cross-tasks", "none", "--workers", "1",
+            "--stage", "screen"]  # fmt: skip
+    assert localize_cli([*base, "--out", str(tmp_path / "default")]) == 0
+    capsys.readouterr()
+    assert localize_cli([*base, "--out", str(tmp_path / "tiny"), "--intact-memory", "1e-9"]) == 0
+    err = capsys.readouterr().err
+    assert "each evaluator keeps up to 0.0 GB of intact passes (--intact-memory)" in err
+    assert seen[-1] == 1 and seen[0] != 1
+    for stage in ("baseline", "screen"):
+        records = [(tmp_path / d / f"{stage}.jsonl.gz").read_bytes() for d in ("default", "tiny")]
+        assert records[0] == records[1], stage
+
+
 def test_stage_pace_counts_only_what_the_finishing_process_evaluated(tmp_path):
     """A stage resumed over two processes: 1,000 records, 900 written by the first; the second
     took 10 s for the other 100, so the pace is 0.1 s, not 0.01 s per evaluation."""

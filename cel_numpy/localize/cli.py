@@ -179,6 +179,7 @@ def register(subparsers) -> None:
         help="seed of the null sets (default: the panel --seed); recorded in the manifest",
     )
     add_fold_arguments(p)
+    add_intact_memory_argument(p)
     p.add_argument(
         "--matched-null",
         type=int,
@@ -244,6 +245,30 @@ def add_fold_arguments(p) -> None:
     )
     p.add_argument(
         "--fold", type=int, default=None, metavar="k", help="with --folds K: the fold, 0..K-1"
+    )
+
+
+def intact_memory_option(text: str) -> float:
+    """--intact-memory: gigabytes (1e9 bytes), a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected gigabytes above 0, such as 4, got {text!r}")
+    return value
+
+
+def add_intact_memory_argument(p) -> None:
+    p.add_argument(
+        "--intact-memory",
+        type=intact_memory_option,
+        default=None,
+        metavar="GB",
+        help="gigabytes of intact passes each evaluator may keep (default: half the memory left "
+        "per worker at start, at most 17.2); lower it when another run shares the machine, "
+        "since each run sizes its share from the memory free when it starts; results are "
+        "identical",
     )
 
 
@@ -705,18 +730,31 @@ def _prepare(args):
     executor = make_worker_pool(args.workers, weights, shared, quiet=args.quiet)
     if not theory:
         evaluator_options["intact_cache_bytes"] = intact_cache_plan(
-            executor, weights, shared, quiet=args.quiet
+            executor, weights, shared, quiet=args.quiet, gigabytes=args.intact_memory
         )
     return task, cross, make_evaluator, executor
 
 
-def intact_cache_plan(executor, weights: int, shared: bool, quiet: bool = False) -> int:
-    """The intact passes each evaluator may keep (`workers.intact_cache_budget`; the weights
-    count once when `shared`, else once per worker), said on stderr when above the default."""
+def intact_cache_plan(
+    executor, weights: int, shared: bool, quiet: bool = False, gigabytes: float | None = None
+) -> int:
+    """The intact passes each evaluator may keep: `gigabytes` (--intact-memory) when given,
+    else `workers.intact_cache_budget` (the weights count once when `shared`, else once per
+    worker); said on stderr when given or above the default."""
     from cel_numpy.localize.workers import available_memory, intact_cache_budget, memory_split
     from cel_numpy.models.fast import INTACT_CACHE_BYTES
 
     workers = getattr(executor, "n_workers", 1) if executor is not None else 1
+    if gigabytes is not None:
+        budget = int(gigabytes * 1e9)
+        if not quiet:
+            print(
+                f"cel-numpy: each evaluator keeps up to {budget / 1e9:.1f} GB of intact passes "
+                "(--intact-memory)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return budget
     once, per_worker = memory_split(weights, shared)
     budget = intact_cache_budget(available_memory(), once, workers, per_worker)
     if budget > INTACT_CACHE_BYTES and not quiet:
@@ -1055,6 +1093,7 @@ def register_test_heads(subparsers) -> None:
     p.add_argument("--tau", type=float, default=1.0, help="theory only (default 1.0)")
     p.add_argument("--theory-seed", type=int, default=0, help="theory only (default 0)")
     add_fold_arguments(p)
+    add_intact_memory_argument(p)
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument(
         "--allow-code-execution",
