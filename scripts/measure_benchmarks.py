@@ -75,7 +75,8 @@ def accuracy(args) -> None:
 
     # one condition per call: keeping intact passes across calls would only hold memory
     ev = LMEvaluator(model, task, batch_size=args.batch_size, intact_cache=False)
-    todo = [it for it in items if it.id not in done and it.id not in merged()]
+    other = merged()
+    todo = [it for it in items if it.id not in done and it.id not in other]
     if args.from_end:
         todo.reverse()
     start, ran = time.perf_counter(), 0
