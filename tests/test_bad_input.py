@@ -831,7 +831,7 @@ CASES = [
         "intact-memory-zero",
         "localize --intact-memory 0",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--intact-memory", "0"),
-        r"argument --intact-memory: expected gigabytes above 0, such as 4, got '0'",
+        r"argument --intact-memory: expected gigabytes above 0 and at most 1e6, such as 4, got '0'",
     ),
     Case(
         "stage-unknown",

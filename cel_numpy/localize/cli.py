@@ -254,8 +254,10 @@ def intact_memory_option(text: str) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected gigabytes above 0, such as 4, got {text!r}")
+    if not 0 < value <= 1e6:  # refuses nan and inf too; a petabyte is no budget
+        raise argparse.ArgumentTypeError(
+            f"expected gigabytes above 0 and at most 1e6, such as 4, got {text!r}"
+        )
     return value
 
 
@@ -265,10 +267,10 @@ def add_intact_memory_argument(p) -> None:
         type=intact_memory_option,
         default=None,
         metavar="GB",
-        help="gigabytes of intact passes each evaluator may keep (default: half the memory left "
-        "per worker at start, at most 17.2); lower it when another run shares the machine, "
-        "since each run sizes its share from the memory free when it starts; results are "
-        "identical",
+        help="gigabytes of intact passes each evaluator may keep (default: 1 GiB plus half the "
+        "memory left per worker at start, at most 16 GiB); lower it when another run shares "
+        "the machine, since each run sizes its share from the memory free when it starts; "
+        "results are identical",
     )
 
 
