@@ -748,22 +748,17 @@ def intact_cache_plan(
 
     workers = getattr(executor, "n_workers", 1) if executor is not None else 1
     if gigabytes is not None:
-        budget = int(gigabytes * 1e9)
-        if not quiet:
-            print(
-                f"cel-numpy: each evaluator keeps up to {budget / 1e9:.1f} GB of intact passes "
-                "(--intact-memory)",
-                file=sys.stderr,
-                flush=True,
-            )
-        return budget
-    once, per_worker = memory_split(weights, shared)
-    budget = intact_cache_budget(available_memory(), once, workers, per_worker)
-    if budget > INTACT_CACHE_BYTES and not quiet:
-        print(
-            f"cel-numpy: each evaluator keeps up to {budget / 1e9:.1f} GB of intact passes "
+        budget, why = int(gigabytes * 1e9), "(--intact-memory)"
+    else:
+        once, per_worker = memory_split(weights, shared)
+        budget = intact_cache_budget(available_memory(), once, workers, per_worker)
+        why = (
             f"(half the memory left for {workers} worker{'s' if workers != 1 else ''}), so "
-            "large panels are not recomputed in every chunk",
+            "large panels are not recomputed in every chunk"
+        )
+    if (gigabytes is not None or budget > INTACT_CACHE_BYTES) and not quiet:
+        print(
+            f"cel-numpy: each evaluator keeps up to {budget / 1e9:.1f} GB of intact passes {why}",
             file=sys.stderr,
             flush=True,
         )
