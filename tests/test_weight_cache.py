@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import cel_numpy as cn
-from cel_numpy.localize.workers import auto_workers, intact_cache_budget
+from cel_numpy.localize.workers import auto_workers, intact_cache_budget, memory_split
 from cel_numpy.models import fast, weight_cache
 from cel_numpy.models import loaders as loaders_module
 from cel_numpy.models.transformer import flatten_params
@@ -151,6 +151,48 @@ def test_auto_workers_counts_shared_weights_once():
     assert auto_workers(2, 10 * GB, 1 * GB, 2 * GB).workers == 2  # the cores cap it
     assert auto_workers(8, 1 * GB, 1 * GB, 2 * GB).workers == 1  # never fewer than one
     assert auto_workers(3, None, 1 * GB, 2 * GB).workers == 3  # memory unknown: the cores
+
+
+def test_hand_set_intact_budget_counts_per_worker_in_the_auto_plan():
+    """--intact-memory 12 (GB) on 2 cores with 24 GB free and 0.1 GB of shared weights: each
+    worker needs 1 GiB + 12 GB, so memory allows one worker, not the two the default allows."""
+    GB, GiB = 10**9, 1 << 30
+    assert memory_split(GB // 10, True) == (GB // 10, 2 * GiB)
+    assert memory_split(GB // 10, True, 12 * GB) == (GB // 10, GiB + 12 * GB)
+    assert memory_split(GB // 10, False, 12 * GB) == (0, GiB + 12 * GB + GB // 10)
+    assert auto_workers(2, 24 * GB, *memory_split(GB // 10, True)).workers == 2
+    assert auto_workers(2, 24 * GB, *memory_split(GB // 10, True, 12 * GB)).workers == 1
+    assert auto_workers(2, 24 * GB, *memory_split(GB // 10, True, 4 * GB)).workers == 2
+
+
+def test_workers_auto_plans_with_the_hand_set_intact_budget(monkeypatch, capsys):
+    from cel_numpy.localize import cli, workers
+
+    GB = 10**9
+    monkeypatch.setattr(workers, "available_memory", lambda: 24 * GB)
+    monkeypatch.setattr(workers, "available_cores", lambda: 2)
+    pool = cli.make_worker_pool("auto", GB // 10, True)
+    assert pool is not None and pool.n_workers == 2
+    pool.shutdown()
+    assert cli.make_worker_pool("auto", GB // 10, True, intact_gigabytes=12) is None
+    assert "--workers auto: 1 worker" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_hand_set_intact_budget_warns_when_the_workers_may_not_fit(monkeypatch, capsys):
+    from cel_numpy.localize import cli, workers
+
+    GB = 10**9
+    monkeypatch.setattr(workers, "available_memory", lambda: 20 * GB)
+
+    class TwoWorkers:
+        n_workers = 2
+
+    assert cli.intact_cache_plan(TwoWorkers(), GB // 10, True, gigabytes=12) == 12 * GB
+    err = capsys.readouterr().err
+    assert "warning: 2 workers with this --intact-memory may need 26.2 GB" in err
+    assert "more than the 20.0 GB available" in err
+    assert cli.intact_cache_plan(TwoWorkers(), GB // 10, True, gigabytes=4) == 4 * GB
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_intact_cache_budget_is_half_the_memory_left_per_worker():

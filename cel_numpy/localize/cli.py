@@ -270,7 +270,7 @@ def add_intact_memory_argument(p) -> None:
         help="gigabytes of intact passes each evaluator may keep (default: 1 GiB plus half the "
         "memory left per worker at start, at most 16 GiB); lower it when another run shares "
         "the machine, since each run sizes its share from the memory free when it starts; "
-        "results are identical",
+        "--workers auto counts it in each worker's memory; results are identical",
     )
 
 
@@ -645,13 +645,21 @@ def check_options(args) -> None:
         )
 
 
-def make_worker_pool(workers, weights: int = 0, shared: bool = True, quiet: bool = False):
+def make_worker_pool(
+    workers,
+    weights: int = 0,
+    shared: bool = True,
+    quiet: bool = False,
+    intact_gigabytes: float | None = None,
+):
     """The process pool for --workers N|auto (None for one process); says the plan on stderr.
 
     auto: one worker per core, capped by the available memory (`workers.auto_workers`): the
     model's `weights` bytes count once when they are `shared` (mapped from the weight cache),
-    else once per worker; one process for the theory model (no `weights`: its evaluations take
-    milliseconds, workers would only add their start-up). N larger than the cores: a warning.
+    else once per worker, and each worker counts the intact passes it may keep
+    (`intact_gigabytes`, --intact-memory, in place of the 1 GiB default); one process for the
+    theory model (no `weights`: its evaluations take milliseconds, workers would only add their
+    start-up). N larger than the cores: a warning.
     """
     from cel_numpy.localize.workers import (
         WorkerPool,
@@ -666,7 +674,8 @@ def make_worker_pool(workers, weights: int = 0, shared: bool = True, quiet: bool
     if workers == "auto" and not weights:  # the theory model: milliseconds per evaluation
         workers = 1
     if workers == "auto":
-        plan = auto_workers(cores, available_memory(), *memory_split(weights, shared))
+        intact = None if intact_gigabytes is None else int(intact_gigabytes * 1e9)
+        plan = auto_workers(cores, available_memory(), *memory_split(weights, shared, intact))
         say(f"cel-numpy: --workers auto: {plan.describe()}")
         workers = plan.workers
     if workers <= 1:
@@ -729,7 +738,9 @@ def _prepare(args):
     else:
         task, cross, make_evaluator, model = lm_setup(args, task, cross, evaluator_options)
         weights, shared = model.weight_bytes(), model.weight_cache is not None
-    executor = make_worker_pool(args.workers, weights, shared, quiet=args.quiet)
+    executor = make_worker_pool(
+        args.workers, weights, shared, quiet=args.quiet, intact_gigabytes=args.intact_memory
+    )
     if not theory:
         evaluator_options["intact_cache_bytes"] = intact_cache_plan(
             executor, weights, shared, quiet=args.quiet, gigabytes=args.intact_memory
@@ -749,6 +760,7 @@ def intact_cache_plan(
     workers = getattr(executor, "n_workers", 1) if executor is not None else 1
     if gigabytes is not None:
         budget, why = int(gigabytes * 1e9), "(--intact-memory)"
+        warn_if_memory_short(workers, *memory_split(weights, shared, budget), quiet=quiet)
     else:
         once, per_worker = memory_split(weights, shared)
         budget = intact_cache_budget(available_memory(), once, workers, per_worker)
@@ -763,6 +775,24 @@ def intact_cache_plan(
             flush=True,
         )
     return budget
+
+
+def warn_if_memory_short(workers: int, once: int, per_worker: int, quiet: bool = False) -> None:
+    """A hand-set --intact-memory that, times the workers, may not fit the available memory:
+    one warning line (the run goes on: intact passes are kept only as panels fill them)."""
+    from cel_numpy.localize.workers import available_memory
+
+    available = available_memory()
+    need = once + workers * per_worker
+    if quiet or available is None or need <= available:
+        return
+    print(
+        f"cel-numpy: warning: {workers} worker{'s' if workers != 1 else ''} with this "
+        f"--intact-memory may need {need / 1e9:.1f} GB, more than the {available / 1e9:.1f} GB "
+        "available: lower --intact-memory or --workers if a worker is killed",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _run_with(loc, executor, stage: str, out) -> dict:

@@ -95,11 +95,14 @@ class WorkerPlan:
         )
 
 
-def memory_split(weights: int, shared: bool) -> tuple[int, int]:
+def memory_split(weights: int, shared: bool, intact_bytes: int | None = None) -> tuple[int, int]:
     """(bytes counted once, bytes per worker) for a model of `weights` bytes: the weights count
     once when `shared` (mapped from the weight cache), else once per worker beside
-    WORKER_BYTES."""
-    return (weights if shared else 0), WORKER_BYTES + (0 if shared else weights)
+    WORKER_BYTES, whose 1 GiB of intact passes becomes `intact_bytes` when the user sets the
+    budget (--intact-memory; None: the default)."""
+    intact = INTACT_CACHE_BYTES if intact_bytes is None else intact_bytes
+    per_worker = WORKER_BYTES - INTACT_CACHE_BYTES + intact
+    return (weights if shared else 0), per_worker + (0 if shared else weights)
 
 
 def auto_workers(
