@@ -14,7 +14,9 @@ item), for docs/benchmarks.md.
 accuracy: items in a seeded random order (`--seed`; the items done at any moment are a uniform
 random sample of the split), `--chunk` at a time through the fast engine (one condition, the
 intact model); each finished chunk's results are appended to --out (one JSON object per item),
-so an interrupted run continues where it stopped (a file written for other items is refused).
+so an interrupted run continues where it stopped. Beside --out, `<out>.settings.json` records
+the model, task, --seed and --limit; a file written for other items or with other settings is
+refused, as is a --merge file whose settings differ (or that has none).
 To use two cores with one BLAS thread each, run a second process with `--from-end` (the same
 order from its far end) and its own --out, each naming the other's file with `--merge`: an item
 with a result in the merged file counts as done (re-read before every chunk, so the two stop
@@ -43,13 +45,43 @@ from cel_numpy.localize.stats import wilson_interval
 from cel_numpy.tasks import get_task, make_panels
 
 
+def settings_path(results: Path) -> Path:
+    """The file beside a results file that records what wrote it: model, task, seed, limit."""
+    return results.with_name(results.name + ".settings.json")
+
+
+def check_settings(results: Path, settings: dict, merge: bool = False) -> None:
+    """Refuse to continue (or, with `merge`, to take in) a results file written with other
+    settings: another model, task, order (--seed) or --limit. A results file of its own with no
+    settings file (written before they existed) gets one; a --merge file must have one."""
+    path = settings_path(results)
+    if path.exists():
+        found = json.loads(path.read_text())
+        if found != settings:
+            diff = ", ".join(f"{k} {found.get(k)!r} there, {v!r} here"
+                             for k, v in settings.items() if found.get(k) != v)  # fmt: skip
+            flag = "--merge" if merge else "--out"
+            sys.exit(f"{results} was written with other settings ({diff}): check {flag}")
+    elif merge:
+        if results.exists():
+            sys.exit(
+                f"{results} has no {path.name}, so its settings cannot be checked: check --merge"
+            )
+    else:
+        path.write_text(json.dumps(settings) + "\n")
+
+
 def accuracy(args) -> None:
+    settings = {"model": args.model, "task": args.task, "seed": args.seed, "limit": args.limit}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    check_settings(out, settings)
+    if args.merge:
+        check_settings(Path(args.merge), settings, merge=True)
     model, task = cn.load_model(args.model), get_task(args.task)
     # a seeded random order: the items done at any moment are a uniform random sample
     order = np.random.default_rng(args.seed).permutation(len(task.items))
     items = [task.items[i] for i in order][: args.limit or None]
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     done = {}
     if out.exists():
         for line in out.read_text().splitlines():
@@ -63,6 +95,7 @@ def accuracy(args) -> None:
         """Rows of --merge's file (another process's --out), a half-written last line skipped."""
         rows = {}
         if args.merge and Path(args.merge).exists():
+            check_settings(Path(args.merge), settings, merge=True)
             for line in Path(args.merge).read_text().splitlines():
                 try:
                     row = json.loads(line)

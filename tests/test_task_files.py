@@ -7,6 +7,7 @@ run records the file's sha256, so resuming it on a changed file is refused.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -203,3 +204,34 @@ def test_folds_of_an_item_list_share_no_cluster(tmp_path):
     }
     with pytest.raises(OptionError, match="folds leave fold"):
         make_panels(task, 1, 1, 0, fold=(0, 80))
+
+
+def test_measure_benchmarks_two_processes_merge_and_refuse_other_settings(tmp_path):
+    """scripts/measure_benchmarks.py accuracy from both ends of one order (`--from-end`,
+    `--merge`) ends with every item once in both files and the same count as one process; a
+    --merge file written with another --seed or model is refused before any work."""
+    import runpy
+
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "measure_benchmarks.py"))
+    model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))
+    rows = [{"id": k, "prompt": f"Item {k} says", "choices": ["yes", "no"], "answer": k % 2}
+            for k in range(13)]  # fmt: skip
+    task = tmp_path / "tiny.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = ["accuracy", "--model", str(model), "--task", str(task), "--chunk", "4"]
+    a, b, single = (tmp_path / name for name in ("a.jsonl", "b.jsonl", "single.jsonl"))
+    script["main"]([*base, "--out", str(single)])
+    # the second process starts after the first finished: it only takes in the first's rows
+    script["main"]([*base, "--out", str(a), "--merge", str(b)])
+    script["main"]([*base, "--out", str(b), "--merge", str(a), "--from-end"])
+    by_id = lambda p: {r["id"]: r["correct"] for r in map(json.loads, p.read_text().splitlines())}
+    assert by_id(a) == by_id(b) == by_id(single) and len(by_id(single)) == 13
+    with pytest.raises(SystemExit, match=r"seed 0 there, 1 here\): check --merge"):
+        script["main"]([*base, "--out", str(tmp_path / "c.jsonl"), "--merge", str(a),
+                        "--seed", "1"])  # fmt: skip
+    with pytest.raises(SystemExit, match=r"model .* there, 'smollm2' here\): check --out"):
+        script["main"](["accuracy", "--task", str(task), "--out", str(a)])
+    (tmp_path / "old.jsonl").write_text(a.read_text())  # results without a settings file
+    with pytest.raises(SystemExit, match=r"has no old.jsonl.settings.json"):
+        script["main"]([*base, "--out", str(tmp_path / "d.jsonl"), "--merge",
+                        str(tmp_path / "old.jsonl")])  # fmt: skip
