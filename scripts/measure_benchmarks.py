@@ -16,7 +16,7 @@ random sample of the split), `--chunk` at a time through the fast engine (one co
 intact model); each finished chunk's results are appended to --out (one JSON object per item),
 so an interrupted run continues where it stopped. Beside --out, `<out>.settings.json` records
 the model, task, --seed and --limit; a file written for other items or with other settings is
-refused, as is a --merge file whose settings differ (or that has none).
+refused, as is a --merge file whose settings differ, and a results file with no settings file.
 To use two cores with one BLAS thread each, run a second process with `--from-end` (the same
 order from its far end) and its own --out, each naming the other's file with `--merge`: an item
 with a result in the merged file counts as done (re-read before every chunk, so the two stop
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,34 +51,45 @@ def settings_path(results: Path) -> Path:
     return results.with_name(results.name + ".settings.json")
 
 
-def check_settings(results: Path, settings: dict, merge: bool = False) -> None:
-    """Refuse to continue (or, with `merge`, to take in) a results file written with other
-    settings: another model, task, order (--seed) or --limit. A results file of its own with no
-    settings file (written before they existed) gets one; a --merge file must have one."""
+def read_settings(results: Path) -> dict | None:
+    """The settings recorded beside `results`; None when there are none (or not yet all)."""
+    try:
+        return json.loads(settings_path(results).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def check_settings(results: Path, settings: dict, flag: str) -> None:
+    """Refuse to continue (--out) or take in (--merge) a results file written with other
+    settings (model, task, order --seed, --limit), or one with results and no settings file."""
+    found, has_rows = read_settings(results), results.exists() and results.stat().st_size > 0
+    if found is not None and found != settings and (has_rows or flag == "--merge"):
+        diff = ", ".join(f"{k} {found.get(k)!r} there, {v!r} here"
+                         for k, v in settings.items() if found.get(k) != v)  # fmt: skip
+        sys.exit(f"{results} was written with other settings ({diff}): check {flag}")
+    if found is None and has_rows:
+        sys.exit(
+            f"{results} has results but no {settings_path(results).name}, so what wrote them "
+            f"is unknown: use another {flag}, or if they were written with these settings, "
+            f"write {json.dumps(settings)} to that file"
+        )
+
+
+def write_settings(results: Path, settings: dict) -> None:
+    """Record `settings` beside `results` in one step (a process reading it sees all or none)."""
     path = settings_path(results)
-    if path.exists():
-        found = json.loads(path.read_text())
-        if found != settings:
-            diff = ", ".join(f"{k} {found.get(k)!r} there, {v!r} here"
-                             for k, v in settings.items() if found.get(k) != v)  # fmt: skip
-            flag = "--merge" if merge else "--out"
-            sys.exit(f"{results} was written with other settings ({diff}): check {flag}")
-    elif merge:
-        if results.exists():
-            sys.exit(
-                f"{results} has no {path.name}, so its settings cannot be checked: check --merge"
-            )
-    else:
-        path.write_text(json.dumps(settings) + "\n")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(settings) + "\n")
+    os.replace(tmp, path)
 
 
 def accuracy(args) -> None:
     settings = {"model": args.model, "task": args.task, "seed": args.seed, "limit": args.limit}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    check_settings(out, settings)
+    check_settings(out, settings, "--out")
     if args.merge:
-        check_settings(Path(args.merge), settings, merge=True)
+        check_settings(Path(args.merge), settings, "--merge")
     model, task = cn.load_model(args.model), get_task(args.task)
     # a seeded random order: the items done at any moment are a uniform random sample
     order = np.random.default_rng(args.seed).permutation(len(task.items))
@@ -95,7 +107,7 @@ def accuracy(args) -> None:
         """Rows of --merge's file (another process's --out), a half-written last line skipped."""
         rows = {}
         if args.merge and Path(args.merge).exists():
-            check_settings(Path(args.merge), settings, merge=True)
+            check_settings(Path(args.merge), settings, "--merge")
             for line in Path(args.merge).read_text().splitlines():
                 try:
                     row = json.loads(line)
@@ -114,6 +126,7 @@ def accuracy(args) -> None:
         todo.reverse()
     start, ran = time.perf_counter(), 0
     print(f"{args.model} {task.name}: {len(items)} items, {len(done)} done", flush=True)
+    write_settings(out, settings)  # after every check and the loading: a refused run leaves none
     with open(out, "a") as f:
         for c0 in range(0, len(todo), args.chunk):
             other = merged()

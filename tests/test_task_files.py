@@ -207,9 +207,9 @@ def test_folds_of_an_item_list_share_no_cluster(tmp_path):
 
 
 def test_measure_benchmarks_two_processes_merge_and_refuse_other_settings(tmp_path):
-    """scripts/measure_benchmarks.py accuracy from both ends of one order (`--from-end`,
-    `--merge`) ends with every item once in both files and the same count as one process; a
-    --merge file written with another --seed or model is refused before any work."""
+    """scripts/measure_benchmarks.py accuracy from both ends of one order: a process with
+    `--from-end --merge` computes only the items the other's file lacks, and both files end
+    with every item once, equal to one process's; files with other settings are refused."""
     import runpy
 
     script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "measure_benchmarks.py"))
@@ -221,17 +221,23 @@ def test_measure_benchmarks_two_processes_merge_and_refuse_other_settings(tmp_pa
     base = ["accuracy", "--model", str(model), "--task", str(task), "--chunk", "4"]
     a, b, single = (tmp_path / name for name in ("a.jsonl", "b.jsonl", "single.jsonl"))
     script["main"]([*base, "--out", str(single)])
-    # the second process starts after the first finished: it only takes in the first's rows
-    script["main"]([*base, "--out", str(a), "--merge", str(b)])
+    read = lambda p: [json.loads(line) for line in p.read_text().splitlines()]
+    # the first process stopped after one chunk (the order's first 4 items)
+    a.write_text("".join(json.dumps(r) + "\n" for r in read(single)[:4]))
+    script["settings_path"](a).write_text(script["settings_path"](single).read_text())
     script["main"]([*base, "--out", str(b), "--merge", str(a), "--from-end"])
-    by_id = lambda p: {r["id"]: r["correct"] for r in map(json.loads, p.read_text().splitlines())}
-    assert by_id(a) == by_id(b) == by_id(single) and len(by_id(single)) == 13
+    computed = [r["id"] for r in read(b)[:9]]  # b's own rows come first, a's are appended
+    assert computed == [r["id"] for r in read(single)[4:]][::-1]
+    script["main"]([*base, "--out", str(a), "--merge", str(b)])  # takes in b's rows
+    by_id = lambda p: {r["id"]: r for r in read(p)}
+    assert by_id(a) == by_id(b) == by_id(single) and len(read(a)) == len(read(b)) == 13
     with pytest.raises(SystemExit, match=r"seed 0 there, 1 here\): check --merge"):
         script["main"]([*base, "--out", str(tmp_path / "c.jsonl"), "--merge", str(a),
                         "--seed", "1"])  # fmt: skip
+    assert not script["settings_path"](tmp_path / "c.jsonl").exists()  # a refused run writes none
     with pytest.raises(SystemExit, match=r"model .* there, 'smollm2' here\): check --out"):
         script["main"](["accuracy", "--task", str(task), "--out", str(a)])
     (tmp_path / "old.jsonl").write_text(a.read_text())  # results without a settings file
-    with pytest.raises(SystemExit, match=r"has no old.jsonl.settings.json"):
+    with pytest.raises(SystemExit, match=r"has results but no old.jsonl.settings.json"):
         script["main"]([*base, "--out", str(tmp_path / "d.jsonl"), "--merge",
                         str(tmp_path / "old.jsonl")])  # fmt: skip

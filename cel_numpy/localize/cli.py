@@ -760,7 +760,7 @@ def intact_cache_plan(
     workers = getattr(executor, "n_workers", 1) if executor is not None else 1
     if gigabytes is not None:
         budget, why = int(gigabytes * 1e9), "(--intact-memory)"
-        warn_if_memory_short(workers, *memory_split(weights, shared, budget), quiet=quiet)
+        warn_if_memory_short(workers, *memory_split(weights, shared, budget))
     else:
         once, per_worker = memory_split(weights, shared)
         budget = intact_cache_budget(available_memory(), once, workers, per_worker)
@@ -777,14 +777,15 @@ def intact_cache_plan(
     return budget
 
 
-def warn_if_memory_short(workers: int, once: int, per_worker: int, quiet: bool = False) -> None:
+def warn_if_memory_short(workers: int, once: int, per_worker: int) -> None:
     """A hand-set --intact-memory that, times the workers, may not fit the available memory:
-    one warning line (the run goes on: intact passes are kept only as panels fill them)."""
+    one warning line, also under --quiet (the run goes on: intact passes are kept only as
+    panels fill them)."""
     from cel_numpy.localize.workers import available_memory
 
     available = available_memory()
     need = once + workers * per_worker
-    if quiet or available is None or need <= available:
+    if available is None or need <= available:
         return
     print(
         f"cel-numpy: warning: {workers} worker{'s' if workers != 1 else ''} with this "
