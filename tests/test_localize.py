@@ -733,7 +733,7 @@ def test_intact_memory_sets_each_evaluators_budget_and_leaves_results_alone(
     intact passes are recomputed in every chunk) and the records equal the default run's."""
     from helpers import copy_fixture, with_tokenizer
 
-    from cel_numpy.localize import evaluate
+    from cel_numpy.localize import cli, evaluate
 
     seen = []
     real_init = evaluate.LMEvaluator.__init__
@@ -743,6 +743,14 @@ def test_intact_memory_sets_each_evaluators_budget_and_leaves_results_alone(
         real_init(self, *a, **kw)
 
     monkeypatch.setattr(evaluate.LMEvaluator, "__init__", spy)
+    pools = []  # the budget also reaches the worker plan (--workers auto counts it per worker)
+    real_pool = cli.make_worker_pool
+
+    def pool_spy(*a, **kw):
+        pools.append(kw.get("intact_gigabytes"))
+        return real_pool(*a, **kw)
+
+    monkeypatch.setattr(cli, "make_worker_pool", pool_spy)
     model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))
     rows = [{"id": k, "prompt": f"Item {k} says", "choices": ["yes", "no"], "answer": k % 2}
             for k in range(20)]  # fmt: skip
@@ -757,6 +765,7 @@ def test_intact_memory_sets_each_evaluators_budget_and_leaves_results_alone(
     assert localize_cli([*base, "--out", str(tmp_path / "tiny"), "--intact-memory", "1e-9"]) == 0
     err = capsys.readouterr().err
     assert "each evaluator keeps up to 0.0 GB of intact passes (--intact-memory)" in err
+    assert pools == [None, 1e-9]
     assert n_default > 0 and len(seen) > n_default
     assert all(b != 1 for b in seen[:n_default]) and all(b == 1 for b in seen[n_default:])
     for stage in ("baseline", "screen"):
