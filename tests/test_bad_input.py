@@ -834,6 +834,15 @@ CASES = [
         r"argument --intact-memory: expected gigabytes above 0 and at most 1e6, such as 4, got '0'",
     ),
     Case(
+        "matched-gate-zero",
+        "localize --matched-gate 0",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "ioi", "--matched-null", "20", "--matched-gate", "0"
+        ),  # fmt: skip
+        r"argument --matched-gate: expected a p-value threshold in \(0, 1\], such as 0.05, "
+        r"got '0'",
+    ),
+    Case(
         "stage-unknown",
         "localize --stage joint-search",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--stage", "joint-search"),

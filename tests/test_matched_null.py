@@ -196,6 +196,57 @@ def test_matched_null_resumes_and_is_part_of_the_run_identity(tmp_path, matched_
         _run(out, null_sets=4, matched_null=301, matched_pool=12)
 
 
+def test_matched_gate_skips_both_stages_and_dropping_it_runs_them(tmp_path, matched_run, capsys):
+    """--matched-gate P: a held-out result that is not a positive gain with cluster p < P skips
+    the matched stages (no records; the report, summarize's table and --verify say so); the
+    gate is not part of the run's identity, so the same run without it then runs them, equal to
+    a run that never had a gate."""
+    from cel_numpy.cli import main
+    from cel_numpy.localize import rundir as rd
+
+    _, ungated = matched_run
+    out = tmp_path / "run"
+    # no exact sign-flip p on 16 items reaches 1e-12: the gate cannot pass
+    res = _run(out, null_sets=4, matched_null=300, matched_pool=12, matched_gate=1e-12)
+    held = res["heldout"]["heldout"]["finalists"][0]
+    skipped = {"gate": 1e-12, "gain": held["gain"], "p_value": held["p_value"]}
+    assert res["matched-pool"] == res["matched-null"] == {"skipped": skipped}
+    assert not any(p.exists() for s in ("matched-pool", "matched-null")
+                   for p in rd.stage_paths(out, s))  # fmt: skip
+    report = json.loads((out / "report.json").read_text())
+    assert report["primary"]["matched_null"] is None
+    assert report["primary"]["matched_null_skipped"] == skipped
+    assert "Selection-matched null: not run" in (out / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["summarize", "--verify", str(out)]) == 0
+    assert "not run (gate p < 1e-12)" in capsys.readouterr().out
+    again = _run(out, null_sets=4, matched_null=300, matched_pool=12)  # the gate dropped
+    assert again["matched-null"] == ungated["matched-null"]
+    assert json.loads((out / "report.json").read_text())["primary"]["matched_null_skipped"] is None
+    with pytest.raises(UserError, match="--matched-gate must be in"):
+        _run(tmp_path / "bad", matched_null=3, matched_pool=12, matched_gate=0)
+
+
+def test_verify_refuses_a_skip_the_records_do_not_justify(tmp_path, capsys):
+    """A report claiming the gate skipped the matched null, where the records' held-out gain
+    passes that gate, is named by --verify."""
+    from cel_numpy.cli import main
+
+    out = tmp_path / "run"
+    res = _run(out, null_sets=4, matched_null=300, matched_pool=12, matched_gate=1e-12)
+    held = res["heldout"]["heldout"]["finalists"][0]
+    assert held["gain"] > 0  # the planted bad head: removing it helps
+    path = out / "report.json"
+    report = json.loads(path.read_text())
+    report["primary"]["matched_null_skipped"]["gate"] = 1.0  # p < 1 and gain > 0: passes
+    path.write_text(json.dumps(report))
+    capsys.readouterr()
+    assert main(["summarize", "--verify", str(out)]) == 2
+    assert "matched null skipped by its gate is True in report.json but False" in (
+        capsys.readouterr().err
+    )
+
+
 # --------------------------------------------------------------------------- compressed records
 
 

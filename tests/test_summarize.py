@@ -87,6 +87,9 @@ BAD_REPORTS = [  # (id, edit of report.json, words of the one-line error)
      "format is missing (or null), not cel-numpy.localize.report/2"),
     ("null-percentile", lambda r: r["primary"]["nulls"].update(percentile=250),
      "primary.nulls.percentile is 250, not a number in [0, 100]"),
+    ("gate-zero", lambda r: r["primary"].update(
+        matched_null_skipped={"gate": 0, "gain": -2, "p_value": 0.5}),
+     "primary.matched_null_skipped.gate is 0, not a number in (0, 1]"),
     ("cross-p", lambda r: r["primary"]["crosstask"]["theory-B"].update(p_value=-1),
      "primary.crosstask.theory-B.p_value is -1"),
     ("finalists-object", lambda r: r.update(finalists={"a": 1}),

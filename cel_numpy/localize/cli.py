@@ -205,6 +205,16 @@ def register(subparsers) -> None:
         help="seed of the matched null's pool and replicates (default: the panel --seed)",
     )
     p.add_argument(
+        "--matched-gate",
+        type=gate_option,
+        default=None,
+        metavar="P",
+        help="run the matched null only when the rank-1 set's held-out gain is positive with "
+        "cluster p < P (e.g. 0.05); else its stages are skipped and the report says why "
+        "(default: always run it). Not part of the run's identity: a resumed run may add or "
+        "drop it",
+    )
+    p.add_argument(
         "--plan",
         action="store_true",
         help="print the (condition x item) evaluations of every stage and exit, writing nothing "
@@ -291,6 +301,19 @@ def fold_option(args) -> tuple[int, int] | None:
             f"--fold {args.fold} --folds {args.folds}: want --folds K >= 2 and 0 <= --fold < K"
         )
     return args.fold, args.folds
+
+
+def gate_option(text: str) -> float:
+    """--matched-gate: a p-value threshold in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 1:  # refuses nan too
+        raise argparse.ArgumentTypeError(
+            f"expected a p-value threshold in (0, 1], such as 0.05, got {text!r}"
+        )
+    return value
 
 
 def workers_option(text: str):
@@ -978,7 +1001,13 @@ def run_plan(args) -> int:
         f"plan: {args.model} ({config.n_layers} x {config.n_heads} = {n_heads} heads), "
         f"{task.name}, {args.discovery} discovery / {args.heldout} held-out items"
         + (
-            " (the matched null's pool at its largest over rank-1 sizes 1-3)"
+            " (the matched null's pool at its largest over rank-1 sizes 1-3"
+            + (
+                f"; its two stages run only if the held-out gain passes --matched-gate "
+                f"{args.matched_gate:g})"
+                if args.matched_gate is not None
+                else ")"
+            )
             if args.matched_null
             else ""
         )
@@ -1015,11 +1044,18 @@ def run(args) -> int:
         matched_null=args.matched_null,
         matched_pool=args.matched_pool,
         matched_seed=args.matched_seed,
+        matched_gate=args.matched_gate,
         gradient_agreement=args.gradient_agreement,
     )
     results = _run_with(loc, executor, args.stage, args.out)
     if "report" in results:
-        from cel_numpy.localize.report import fmt_heldout, fmt_logprob, fmt_matched, fmt_nulls
+        from cel_numpy.localize.report import (
+            fmt_heldout,
+            fmt_logprob,
+            fmt_matched,
+            fmt_matched_skipped,
+            fmt_nulls,
+        )
 
         p = results["report"]["primary"]
         print(f"rank 1: {p['name']}  held-out: {fmt_heldout(p['heldout'])}")
@@ -1029,6 +1065,8 @@ def run(args) -> int:
             print(f"null sets: {fmt_nulls(p['nulls'], p['heldout']['gain'])}")
         if p.get("matched_null"):
             print(f"matched null: {fmt_matched(p['matched_null'], p['heldout']['gain'])}")
+        if p.get("matched_null_skipped"):
+            print(f"matched null: {fmt_matched_skipped(p['matched_null_skipped'])}")
         print(f"report: {Path(args.out) / 'report.md'}")
     else:
         if "heldout" in results:  # the primary test is settled once the held-out stage is done

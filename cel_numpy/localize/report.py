@@ -122,6 +122,9 @@ def build_report(loc) -> dict:
     figures = dict(FIGURES)
     nulls = r.get("nulls") or {}
     matched = r.get("matched-null") or {}
+    skipped = matched.get("skipped")  # --matched-gate: {gate, gain, p_value}
+    if skipped is not None:
+        matched = {}
     if nulls.get("n") or matched.get("n"):
         figures["nulls"] = NULLS_FIGURE
     primary_lp = primary.get("heldout_logprob")
@@ -163,6 +166,7 @@ def build_report(loc) -> dict:
             "crosstask_logprob": cross_lp,
             "nulls": _null_digest(nulls, primary_lp),
             "matched_null": _matched_digest(matched, primary_lp),
+            "matched_null_skipped": skipped,
         },
         "nulls": nulls,
         "matched_null": matched,
@@ -439,6 +443,16 @@ def fmt_logprob(d: dict | None) -> str:
     return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
 
 
+def fmt_matched_skipped(skipped: dict) -> str:
+    """Why the matched null was not run (--matched-gate)."""
+    return (
+        f"not run: the rank-1 set's held-out gain ({skipped['gain']:+d}, cluster p = "
+        f"{_fmt_p(skipped['p_value'])}) does not pass --matched-gate {skipped['gate']:g} (a "
+        "positive gain with cluster p below it); a set that does not beat the intact model "
+        "needs no comparison with random searches"
+    )
+
+
 def fmt_matched(matched: dict, primary_gain: int, label: str = "the rank-1 set") -> str:
     return (
         f"{label}'s held-out gain ({primary_gain:+d}) is above {matched['below']} of the "
@@ -490,6 +504,8 @@ def render_markdown(report: dict) -> str:
     lines += fmt_balance(p.get("answer_balance"))
     if p.get("matched_null"):
         lines += [f"Selection-matched null: {fmt_matched(p['matched_null'], ho['gain'])}.", ""]
+    if p.get("matched_null_skipped"):
+        lines += [f"Selection-matched null: {fmt_matched_skipped(p['matched_null_skipped'])}.", ""]
     if p["crosstask"]:
         lines.append(
             "Other tasks (exploratory: not corrected for the many sets and tasks): "

@@ -20,6 +20,10 @@
     matched-null  R replicates each draw the search's budget (its joint candidates, 175) from the
                pool and keep the best by the joint ranking key; the distinct picks are evaluated
                on held-out once: would a search of the same size over random heads do as well?
+               With matched_gate = g, both matched stages run only when the rank-1 set's
+               held-out gain is positive with cluster p < g (a fixed-sequence gate: a set that
+               does not beat the intact model needs no comparison with random searches); else
+               they are skipped, nothing is written and the report says why
     crosstask  finalists on a panel of every other task: does the gain cost elsewhere?
                (exploratory: many sets times many tasks, no correction)
     report     report.json, report.md and figures
@@ -398,6 +402,7 @@ class Localizer:
         matched_null: int = 0,
         matched_pool: int = MATCHED_POOL,
         matched_seed: int | None = None,
+        matched_gate: float | None = None,
         gradient_agreement: bool = False,
     ):
         if n_discovery < 1 or n_heldout < 1:
@@ -421,11 +426,16 @@ class Localizer:
                 f"--matched-null must be >= 0 and --matched-pool >= 1 (got {matched_null}, "
                 f"{matched_pool})"
             )
+        if matched_gate is not None and not 0 < matched_gate <= 1:
+            raise UserError(f"--matched-gate must be in (0, 1], got {matched_gate}")
         self.matched = {
             "replicates": int(matched_null),
             "pool": int(matched_pool),
             "seed": int(seed if matched_seed is None else matched_seed),
         }
+        # not in the manifest: the gate changes which stages run, never a record, so a run
+        # may adopt it when resumed (and dropping it later runs the matched stages)
+        self.matched_gate = None if matched_gate is None else float(matched_gate)
         self.gradient_agreement = bool(gradient_agreement)
         self.tie_break = tie_break
         self.fold = None if fold is None else (int(fold[0]), int(fold[1]))
@@ -1000,12 +1010,31 @@ class Localizer:
     def _matched_on(self) -> bool:
         return bool(self.manifest.get("matched_null", {}).get("replicates"))
 
+    def _matched_gate_verdict(self) -> dict | None:
+        """None when the matched stages run (no gate, or the rank-1 set's held-out gain is
+        positive with cluster p below it); else why they do not: {gate, gain, p_value}."""
+        if self.matched_gate is None:
+            return None
+        primary = self.results["heldout"]["heldout"]["finalists"][0]
+        gain, p = primary["gain"], primary["p_value"]
+        if gain > 0 and p < self.matched_gate:
+            return None
+        return {"gate": self.matched_gate, "gain": gain, "p_value": p}
+
     def matched_pool(self):
         """The selection-matched null's pool: random sets of the rank-1 set's size on discovery,
         against the baseline (uniform over all sets of that size, the rank-1 set included: a
         random search may find it too), seeded; none when --matched-null is 0."""
         if not self._matched_on():
             return None
+        skipped = self._matched_gate_verdict()
+        if skipped is not None:
+            self._say(
+                f"matched    not run: the rank-1 set's held-out gain {skipped['gain']:+d} "
+                f"(cluster p = {skipped['p_value']:.3g}) does not pass --matched-gate "
+                f"{skipped['gate']:g}"
+            )
+            return {"skipped": skipped}
         size = len(self.finalists[0])
         n_sets = min(self.matched["pool"], math.comb(self.n_layers * self.n_heads, size))
         if not rd.stage_paths(self.out, "matched-pool")[1].exists():
@@ -1034,6 +1063,8 @@ class Localizer:
         pool = self.results.get("matched-pool")
         if not pool:
             return None
+        if "skipped" in pool:
+            return pool
         scored = [_as_scored(c) for c in pool["conditions"]]
         order = sorted(range(len(scored)), key=lambda i: joint_key(scored[i], self.tie_break))
         position = [0] * len(scored)

@@ -122,6 +122,16 @@ def check_report(report, path: Path) -> dict:
     _check_heldout(path, p.get("heldout"), "primary.heldout")
     _check_percentile(path, p.get("nulls"), "primary.nulls")
     _check_percentile(path, p.get("matched_null"), "primary.matched_null")
+    skipped = p.get("matched_null_skipped")
+    if skipped is not None:
+        skipped = _check_obj(path, skipped, "primary.matched_null_skipped")
+        for key, ok, want in (
+            ("gate", lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
+            ("gain", _is_int, "a count"),
+            ("p_value", lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]"),
+        ):
+            v = skipped.get(key)
+            _check(ok(v), path, f"primary.matched_null_skipped.{key}", v, want)
     lp = p.get("heldout_logprob")
     if lp is not None:
         lp = _check_obj(path, lp, "primary.heldout_logprob")
@@ -284,6 +294,7 @@ def summarize(run_dirs) -> dict:
                 "heldout_logprob": p.get("heldout_logprob"),
                 "nulls": p.get("nulls"),
                 "matched_null": p.get("matched_null"),
+                "matched_null_skipped": p.get("matched_null_skipped"),
                 "crosstask": {k: v for k, v in p.get("crosstask", {}).items()},
                 "finalists": finalists,
                 "fold": m.get("fold"),
@@ -390,9 +401,12 @@ def render(summary: dict) -> str:
         ho, sizes, clusters = row["heldout"], row["panel_sizes"], row["n_clusters"]
         nulls, matched = row["nulls"], row.get("matched_null")
         null_text = f"{nulls['percentile']:.0f} (of {nulls['n']})" if nulls else "-"
+        skipped = row.get("matched_null_skipped")
         matched_text = (
             f"{matched['percentile']:.0f} (of {matched['n']}, best of {matched['budget']})"
             if matched
+            else f"not run (gate p < {skipped['gate']:g})"
+            if skipped
             else "-"
         )
         cross = "; ".join(

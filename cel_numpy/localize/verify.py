@@ -260,6 +260,10 @@ def comparisons(row: dict, fresh: dict):
                     (row[name].get("logprob") or {}).get(key),
                     (fresh[name].get("logprob") or {}).get(key),
                 )
+    skipped = row.get("matched_null_skipped")
+    if skipped:  # --matched-gate: the records' held-out result must fail the gate
+        fails = not (fresh["heldout"]["gain"] > 0 and fresh["heldout"]["p_value"] < skipped["gate"])
+        yield "matched null skipped by its gate", True, fails
     for task, v in (row.get("crosstask") or {}).items():
         for key in ("gain_rate", "p_value"):
             yield f"cross-task {task} {key}", v.get(key), fresh["crosstask"][task][key]
