@@ -525,7 +525,9 @@ class Localizer:
                 rd.write_panel(path, items)
 
         if "matched_null" in manifest:
-            self._say(self._matched_price())
+            gate = self.matched_gate
+            when = "" if gate is None else f"; run only if the held-out gain passes {gate:g}"
+            self._say(self._matched_price() + when)
 
     kind = "localize"
 
