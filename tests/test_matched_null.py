@@ -184,9 +184,7 @@ def test_matched_null_is_priced_before_it_runs(tmp_path):
     _run(tmp_path / "run", matched_null=50, matched_pool=12, until="baseline", stream=stream,
          progress=True, matched_gate=0.05)  # fmt: skip
     first = stream.getvalue().splitlines()[0]
-    assert first.endswith(
-        "evaluations (condition x item); run only if the held-out gain passes 0.05"
-    )
+    assert first.endswith("stages: 192; run only if the held-out gain passes 0.05")
 
 
 def test_matched_pool_smaller_than_the_budget_is_refused_before_any_work(tmp_path):
