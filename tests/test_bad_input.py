@@ -843,6 +843,12 @@ CASES = [
         r"got '0'",
     ),
     Case(
+        "matched-gate-alone",
+        "localize --matched-gate without --matched-null",
+        lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--matched-gate", "0.05"),
+        r"--matched-gate gates the matched null: it needs --matched-null R",
+    ),
+    Case(
         "stage-unknown",
         "localize --stage joint-search",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--stage", "joint-search"),

@@ -225,11 +225,64 @@ def test_matched_gate_skips_both_stages_and_dropping_it_runs_them(tmp_path, matc
     capsys.readouterr()
     assert main(["summarize", "--verify", str(out)]) == 0
     assert "not run (gate p < 1e-12)" in capsys.readouterr().out
+    (out / "matched-pool.jsonl").write_text("")  # records the report's skip would hide
+    assert main(["summarize", "--verify", str(out)]) == 2
+    assert "skipped with no matched records is True in report.json" in capsys.readouterr().err
+    (out / "matched-pool.jsonl").unlink()
     again = _run(out, null_sets=4, matched_null=300, matched_pool=12)  # the gate dropped
     assert again["matched-null"] == ungated["matched-null"]
     assert json.loads((out / "report.json").read_text())["primary"]["matched_null_skipped"] is None
     with pytest.raises(UserError, match="--matched-gate must be in"):
         _run(tmp_path / "bad", matched_null=3, matched_pool=12, matched_gate=0)
+
+
+def test_matched_gate_that_passes_runs_the_matched_null_as_without_it(tmp_path, matched_run):
+    _, ungated = matched_run
+    held = ungated["heldout"]["heldout"]["finalists"][0]
+    assert held["gain"] > 0 and held["p_value"] < 1.0  # the planted bad head: removing it helps
+    res = _run(tmp_path / "run", null_sets=4, matched_null=300, matched_pool=12, matched_gate=1.0)
+    assert res["matched-null"] == ungated["matched-null"]
+    assert json.loads((tmp_path / "run" / "matched-gate.json").read_text())["gate"] == 1.0
+
+
+def test_matched_gate_verdict_needs_a_positive_gain_below_the_gate(tmp_path):
+    """A negative gain with a small p fails the gate as a non-significant one does."""
+    from types import SimpleNamespace
+
+    from cel_numpy.localize.routine import Localizer
+
+    def verdict(gain, p, gate=0.05):
+        held = {"heldout": {"finalists": [{"gain": gain, "p_value": p}]}}
+        loc = SimpleNamespace(matched_gate=gate, results={"heldout": held}, out=tmp_path)
+        return Localizer._matched_gate_verdict(loc)
+
+    assert verdict(+9, 0.01) is None
+    assert verdict(-9, 0.01) == {"gate": 0.05, "gain": -9, "p_value": 0.01}
+    assert verdict(+9, 0.05) == {"gate": 0.05, "gain": 9, "p_value": 0.05}  # p < gate, strictly
+    assert verdict(0, 0.0) is not None
+    (tmp_path / "matched-pool.jsonl").write_text("")  # matched records on disk: never skipped
+    assert verdict(-9, 0.01) is None
+
+
+def test_matched_gate_is_refused_after_the_heldout_result_and_never_hides_records(
+    tmp_path, matched_run
+):
+    """The gate cannot be added once the held-out stage has finished; a finished matched null
+    is reported as it is, never as skipped."""
+    import shutil
+
+    run, ungated = matched_run
+    out = tmp_path / "run"
+    _run(out, null_sets=4, matched_null=300, matched_pool=12, until="heldout")
+    with pytest.raises(UserError, match="given after the held-out result exists"):
+        _run(out, null_sets=4, matched_null=300, matched_pool=12, matched_gate=1e-12)
+    shutil.copytree(run, tmp_path / "done")
+    (tmp_path / "done" / "matched-gate.json").write_text('{"gate": 1e-12}')  # as if recorded
+    res = _run(tmp_path / "done", null_sets=4, matched_null=300, matched_pool=12,
+               matched_gate=1e-12)  # fmt: skip
+    assert res["matched-null"] == ungated["matched-null"]
+    report = json.loads((tmp_path / "done" / "report.json").read_text())
+    assert report["primary"]["matched_null"] and not report["primary"]["matched_null_skipped"]
 
 
 def test_verify_refuses_a_skip_the_records_do_not_justify(tmp_path, capsys):
@@ -247,9 +300,19 @@ def test_verify_refuses_a_skip_the_records_do_not_justify(tmp_path, capsys):
     path.write_text(json.dumps(report))
     capsys.readouterr()
     assert main(["summarize", "--verify", str(out)]) == 2
+    assert "matched null skip's gate (matched-gate.json) is 1.0 in report.json but 1e-12" in (
+        capsys.readouterr().err
+    )
+    (out / "matched-gate.json").write_text('{"gate": 1.0}')  # the gate file agrees, the records not
+    assert main(["summarize", "--verify", str(out)]) == 2
     assert "matched null skipped by its gate is True in report.json but False" in (
         capsys.readouterr().err
     )
+    report["primary"]["matched_null_skipped"].update(gate=1e-12, gain=held["gain"] - 1)
+    (out / "matched-gate.json").write_text('{"gate": 1e-12}')
+    path.write_text(json.dumps(report))
+    assert main(["summarize", "--verify", str(out)]) == 2
+    assert "matched null skip's gain" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- compressed records

@@ -88,8 +88,12 @@ BAD_REPORTS = [  # (id, edit of report.json, words of the one-line error)
     ("null-percentile", lambda r: r["primary"]["nulls"].update(percentile=250),
      "primary.nulls.percentile is 250, not a number in [0, 100]"),
     ("gate-zero", lambda r: r["primary"].update(
-        matched_null_skipped={"gate": 0, "gain": -2, "p_value": 0.5}),
+        matched_null=None, matched_null_skipped={"gate": 0, "gain": -2, "p_value": 0.5}),
      "primary.matched_null_skipped.gate is 0, not a number in (0, 1]"),
+    ("gate-beside-result", lambda r: r["primary"].update(
+        matched_null={"n": 3, "percentile": 50.0},
+        matched_null_skipped={"gate": 0.05, "gain": -2, "p_value": 0.5}),
+     "primary.matched_null is 'a result', not absent beside primary.matched_null_skipped"),
     ("cross-p", lambda r: r["primary"]["crosstask"]["theory-B"].update(p_value=-1),
      "primary.crosstask.theory-B.p_value is -1"),
     ("finalists-object", lambda r: r.update(finalists={"a": 1}),

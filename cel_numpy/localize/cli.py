@@ -211,8 +211,8 @@ def register(subparsers) -> None:
         metavar="P",
         help="run the matched null only when the rank-1 set's held-out gain is positive with "
         "cluster p < P (e.g. 0.05); else its stages are skipped and the report says why "
-        "(default: always run it). Not part of the run's identity: a resumed run may add or "
-        "drop it",
+        "(default: always run it). A resumed run may add it until its held-out stage "
+        "finishes (it is recorded in matched-gate.json) and drop it at any time",
     )
     p.add_argument(
         "--plan",
@@ -652,6 +652,8 @@ def check_options(args) -> None:
             "--matched-null and --matched-seed must be >= 0 and --matched-pool >= 1 (got "
             f"{args.matched_null}, {args.matched_seed}, {args.matched_pool})"
         )
+    if getattr(args, "matched_gate", None) is not None and not args.matched_null:
+        raise OptionError("--matched-gate gates the matched null: it needs --matched-null R")
     if args.candidates < 10:
         raise OptionError(
             f"--candidates must be >= 10 (the number of nominees), got {args.candidates}"

@@ -448,7 +448,7 @@ def fmt_matched_skipped(skipped: dict) -> str:
     return (
         f"not run: the rank-1 set's held-out gain ({skipped['gain']:+d}, cluster p = "
         f"{_fmt_p(skipped['p_value'])}) does not pass --matched-gate {skipped['gate']:g} (a "
-        "positive gain with cluster p below it); a set that does not beat the intact model "
+        "positive gain with cluster p below it); a set not shown to beat the intact model "
         "needs no comparison with random searches"
     )
 

@@ -21,9 +21,10 @@
                pool and keep the best by the joint ranking key; the distinct picks are evaluated
                on held-out once: would a search of the same size over random heads do as well?
                With matched_gate = g, both matched stages run only when the rank-1 set's
-               held-out gain is positive with cluster p < g (a fixed-sequence gate: a set that
-               does not beat the intact model needs no comparison with random searches); else
-               they are skipped, nothing is written and the report says why
+               held-out gain is positive with cluster p < g (a fixed-sequence gate: a set not
+               shown to beat the intact model needs no comparison with random searches); else
+               they are skipped, nothing is written and the report says why (matched records
+               already on disk are always run or validated and reported)
     crosstask  finalists on a panel of every other task: does the gain cost elsewhere?
                (exploratory: many sets times many tasks, no correction)
     report     report.json, report.md and figures
@@ -528,6 +529,7 @@ class Localizer:
             gate = self.matched_gate
             when = "" if gate is None else f"; run only if the held-out gain passes {gate:g}"
             self._say(self._matched_price() + when)
+            self._record_gate()
 
     kind = "localize"
 
@@ -1012,10 +1014,34 @@ class Localizer:
     def _matched_on(self) -> bool:
         return bool(self.manifest.get("matched_null", {}).get("replicates"))
 
+    def _record_gate(self) -> None:
+        """--matched-gate is recorded in matched-gate.json when first given, and only before
+        the held-out result exists (so a gate cannot be chosen after seeing it); dropping it
+        is always allowed (the matched stages then run)."""
+        if self.matched_gate is None or not self._matched_on():
+            return
+        path = rd.gate_path(self.out)
+        recorded = None
+        if path.exists():
+            recorded = rd.read_json_object(path, "delete it to record the gate again")
+        if recorded is not None and recorded.get("gate") == self.matched_gate:
+            return
+        if rd.stage_paths(self.out, "heldout")[1].exists():
+            there = "" if recorded is None else f" (recorded: {recorded.get('gate')})"
+            raise UserError(
+                f"--matched-gate {self.matched_gate:g} is given after the held-out result "
+                f"exists{there}: a gate must be fixed before the result it gates; run "
+                "without it (the matched null then runs), or with the recorded one"
+            )
+        rd.json_dump(path, {"gate": self.matched_gate, "set_before": "heldout"})
+
     def _matched_gate_verdict(self) -> dict | None:
-        """None when the matched stages run (no gate, or the rank-1 set's held-out gain is
-        positive with cluster p below it); else why they do not: {gate, gain, p_value}."""
+        """None when the matched stages run (no gate, the rank-1 set's held-out gain positive
+        with cluster p below it, or their records already on disk, which are then validated
+        and reported as usual); else why they do not: {gate, gain, p_value}."""
         if self.matched_gate is None:
+            return None
+        if any(rd.stage_started(self.out, s) for s in ("matched-pool", "matched-null")):
             return None
         primary = self.results["heldout"]["heldout"]["finalists"][0]
         gain, p = primary["gain"], primary["p_value"]

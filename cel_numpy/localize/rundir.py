@@ -21,6 +21,8 @@ Layout (one run = one (model, task) = one directory):
                              summary, the wall time of the process that finished it and
                              how many records it found already written (records_resumed)
     finalists.json           the frozen top-10 of the joint search (written before confirmation)
+    matched-gate.json        with --matched-gate P: {"gate": P, ...}, written when first given
+                             and only before the held-out stage finished
     report.json, report.md, *.png
 
 A record (one JSON object per line, keys in this order, so `grep '"block": "L3H5"'` works):
@@ -744,6 +746,22 @@ def records_sha(run_dir: Path, stage: str) -> str:
 
 
 # --------------------------------------------------------------------------- compressed records
+
+
+def stage_started(run_dir: Path, stage: str) -> bool:
+    """Whether any file of `stage` exists: its records, done-file, checksums or gzip copy."""
+    return any(
+        p.exists()
+        for p in (*stage_paths(run_dir, stage), sums_path(run_dir, stage), gz_path(run_dir, stage))
+    )
+
+
+GATE_FILE = "matched-gate.json"
+
+
+def gate_path(run_dir: Path) -> Path:
+    """Where `--matched-gate` is recorded when first given (`Localizer._record_gate`)."""
+    return Path(run_dir) / GATE_FILE
 
 
 def gz_path(run_dir: Path, stage: str) -> Path:

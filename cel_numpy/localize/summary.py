@@ -125,6 +125,13 @@ def check_report(report, path: Path) -> dict:
     skipped = p.get("matched_null_skipped")
     if skipped is not None:
         skipped = _check_obj(path, skipped, "primary.matched_null_skipped")
+        _check(
+            p.get("matched_null") is None,
+            path,
+            "primary.matched_null",
+            "a result",
+            "absent beside primary.matched_null_skipped",
+        )
         for key, ok, want in (
             ("gate", lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]"),
             ("gain", _is_int, "a count"),

@@ -202,6 +202,16 @@ def recompute(run_dir: Path, manifest: dict, row: dict) -> dict:
             fresh["nulls"]["logprob"] = null_percentile(round(lp["mean"], 9), values)
     if row.get("matched_null"):
         fresh["matched_null"] = _matched(run_dir, manifest, panels, selection, intact, gain)
+    if row.get("matched_null_skipped"):
+        gate = rd.gate_path(run_dir)
+        fresh["gate"] = (
+            rd.read_json_object(gate, "it is written by localize --matched-gate").get("gate")
+            if gate.exists()
+            else None
+        )
+        fresh["matched_started"] = any(
+            rd.stage_started(run_dir, s) for s in ("matched-pool", "matched-null")
+        )
     if row.get("crosstask"):
         blocks = stage_blocks(run_dir, "crosstask", manifest)
         fresh["crosstask"] = {}
@@ -261,9 +271,14 @@ def comparisons(row: dict, fresh: dict):
                     (fresh[name].get("logprob") or {}).get(key),
                 )
     skipped = row.get("matched_null_skipped")
-    if skipped:  # --matched-gate: the records' held-out result must fail the gate
-        fails = not (fresh["heldout"]["gain"] > 0 and fresh["heldout"]["p_value"] < skipped["gate"])
+    if skipped:  # --matched-gate: the records' held-out result must fail the recorded gate
+        held = fresh["heldout"]
+        yield "matched null skip's gain", skipped["gain"], held["gain"]
+        yield "matched null skip's p", skipped["p_value"], held["p_value"]
+        yield "matched null skip's gate (matched-gate.json)", skipped["gate"], fresh["gate"]
+        fails = not (held["gain"] > 0 and held["p_value"] < skipped["gate"])
         yield "matched null skipped by its gate", True, fails
+        yield "matched null skipped with no matched records", True, not fresh["matched_started"]
     for task, v in (row.get("crosstask") or {}).items():
         for key in ("gain_rate", "p_value"):
             yield f"cross-task {task} {key}", v.get(key), fresh["crosstask"][task][key]
