@@ -317,7 +317,26 @@ class LMEvaluator:
         n = min(n, len(full) - 1)
         return full, max(n, 1)
 
+    def choice_logprobs(self, items: Sequence[Item], conditions) -> np.ndarray:
+        """Total log-probability of every candidate of a choice task's items under each
+        condition: (n_conditions, n_items, max choices), -inf past an item's last choice; what
+        `evaluate_many` compares (through `scoring.choice_scores`) before it picks."""
+        if self.task.scoring != "choice":
+            raise ValueError(f"task {self.task.name!r} is not a choice task: no choices to score")
+        conds = [normalize_condition(c) for c in conditions]
+        for c in conds:
+            check_heads(c, self.n_layers, self.n_heads)
+        if self.fast:
+            from cel_numpy.localize.fast import choice_logprobs_fast
+
+            return choice_logprobs_fast(self, items, conds)
+        return np.stack([self._choice_logprobs(items, c) for c in conds])
+
     def _choice(self, items, cond):
+        return choice_results(self.task, items, self._choice_logprobs(items, cond))
+
+    def _choice_logprobs(self, items, cond) -> np.ndarray:
+        """(n_items, max choices) total log-probability of each candidate, one condition."""
         rows = []  # (item index, choice index, ids, start)
         for i, it in enumerate(items):
             if not it.choices:
@@ -334,7 +353,7 @@ class LMEvaluator:
             logits = self.model.logits(ids, attention_mask=mask, **kwargs)
             for k, (i, j, seq, start) in enumerate(chunk):
                 scores[i, j] = continuation_logprob(logits[k], seq[start:])  # rows end at column -1
-        return choice_results(self.task, items, scores)
+        return scores
 
 
 _WORKER_MODELS: dict = {}  # spec -> Model, one load per worker process

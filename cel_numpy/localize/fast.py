@@ -292,6 +292,21 @@ def _choice_tree(ev, prep, items, conds, scores, fill) -> None:
 
 
 def _choice(ev, items, conds):
+    scores = _choice_scores(ev, items, conds)
+    return [choice_results(ev.task, items, scores[k]) for k in range(len(conds))]
+
+
+def choice_logprobs_fast(ev, items: Sequence[Item], conds: Sequence[Condition]) -> np.ndarray:
+    """`LMEvaluator.choice_logprobs` through the shared-prefix engine: the total log-probability
+    of every candidate of every item under every (checked) condition, (n_conds, n_items, max
+    choices), -inf past an item's last choice."""
+    cache = _cache(ev)
+    if cache is not None:
+        cache.begin_call()
+    return _choice_scores(ev, items, conds)
+
+
+def _choice_scores(ev, items, conds) -> np.ndarray:
     model = ev.model
     prep = prepare(model)
     scores = np.full((len(conds), len(items), max(len(it.choices) for it in items)), -np.inf)
@@ -321,4 +336,4 @@ def _choice(ev, items, conds):
                     scores[k, start + b, : len(logp)] = logp
     else:
         _choice_tree(ev, prep, items, conds, scores, fill)
-    return [choice_results(ev.task, items, scores[k]) for k in range(len(conds))]
+    return scores
