@@ -137,3 +137,102 @@ def test_auc_difference_interval_is_zero_for_a_bias_shift_and_positive_for_a_bet
     perfect = np.where(pos, 1.0, -1.0) + 0.01 * m
     lo, hi = auc_difference_interval(clusters, m, perfect, pos, n_resamples=200)
     assert 0 < lo <= hi <= 1 - roc_auc(m, pos) + 0.2
+
+
+def test_edge_cases_refuse_instead_of_lying():
+    from cel_numpy.localize.label_bias import auc_difference_interval
+
+    m = np.array([0.3, -0.2, 0.1, 0.5])
+    with pytest.raises(ValueError, match="both labels"):
+        auc_difference_interval(list("aabb"), m, m, np.ones(4, bool), n_resamples=5)
+    x = 0.3  # m + b rounds so that neither or both sides pass for this x (1.0 happens to work)
+    adjacent = np.array([np.nextafter(x, np.inf), x, x - 5])  # no float between the first two
+    with pytest.raises(ValueError, match="one float apart"):
+        offset_for_picks(adjacent, 1)
+    # a margin of exactly 0 picks the first label; best_offset keeps 0 when nothing beats it
+    zero = np.array([-1.0, 0.0, 1.0])
+    assert best_offset(zero, np.array([False, False, True])) == 0.0
+
+
+def test_picks_equal_the_routines_first_maximum_on_exact_ties():
+    from cel_numpy.localize.scoring import choice_results
+
+    items = [Item("t", "s", f"p{i}", " yes", (" no", " yes")) for i in range(3)]
+    scores = np.array([[-1.0, -1.0], [-2.0, -1.0], [-1.0, -2.0]])  # a tie, yes, no
+    task = PlantedTask("choice")
+    picked = [r.answer == " yes" for r in choice_results(task, items, scores)]
+    margins, _ = label_margins(items, scores)
+    assert picks_second(margins).tolist() == picked == [False, True, False]
+
+
+def test_choice_logprobs_multi_token_choices_and_no_conditions():
+    """Multi-token candidates (the prefix-tree path) with references on either side: the fast
+    engine equals the plain forward, and the reference's score is the recorded log-prob."""
+    from cel_numpy.localize.evaluate import LMEvaluator
+
+    model = planted_model(np.random.default_rng(5))
+    task = PlantedTask("choice")
+    prompts = ["xyx", "yyxy", "xxxyy", "yx", "xyyxyx"]
+    items = [Item(task.name, "s", p, ("ab", "bba")[k % 2], ("ab", "bba")) for k, p in
+             enumerate(prompts)]  # fmt: skip
+    conds = [(), ((1, 1),)]
+    fast = LMEvaluator(model, task, batch_size=2).choice_logprobs(items, conds)
+    plain = LMEvaluator(model, task, batch_size=3, fast=False).choice_logprobs(items, conds)
+    np.testing.assert_allclose(fast, plain, atol=1e-6, rtol=0)
+    results = LMEvaluator(model, task, fast=False).evaluate_many(items, conds)
+    for k, res in enumerate(results):
+        for it, r, row in zip(items, res, fast[k]):
+            assert r.ref_logprob == pytest.approx(row[it.choices.index(it.answer)], abs=1e-6)
+    for f in (True, False):
+        empty = LMEvaluator(model, task, fast=f).choice_logprobs(items, [])
+        assert empty.shape == (0, 5, 2)
+
+
+def test_script_reproduces_a_run_and_refuses_another_model(tmp_path):
+    """scripts/measure_label_bias.py on a test-heads run of the tiny Llama fixture with a yes/no
+    task file: its raw gain is the run's, every held-out pick and reference log-prob matches
+    the records, the pick-matched constant gives the intact model the set's number of "yes"
+    picks; with the weights changed it refuses."""
+    import json
+    import runpy
+    from pathlib import Path
+
+    from helpers import copy_fixture, rewrite_safetensors, run_cli, with_tokenizer
+
+    model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))
+    rows = [{"options": {"separator": " "}}]
+    rows += [{"id": k, "prompt": f"Item {k} is {'odd' if k % 2 else 'even'}?",
+              "choices": ["no", "yes"], "answer": k % 2} for k in range(40)]  # fmt: skip
+    task = tmp_path / "yesno.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = tmp_path / "run"
+    argv = ["test-heads", "--model", str(model), "--task", str(task), "--heads", "L0H1+L1H0",
+            "--discovery", "10", "--heldout", "30", "--workers", "1", "--out", str(run),
+            "--quiet"]  # fmt: skip
+    status, err = run_cli(argv)
+    assert status == 0, err
+    script = runpy.run_path(str(Path(__file__).parents[1] / "scripts" / "measure_label_bias.py"))
+    out = tmp_path / "bias.json"
+    script["main"]([str(run), "--json", str(out)])
+    got = json.loads(out.read_text())
+    ho = json.loads((run / "report.json").read_text())["primary"]["heldout"]
+    assert got["set"] == "L0H1+L1H0" and got["labels"] == [" no", " yes"]
+    h = got["heldout"]
+    assert (h["correct"]["intact"], h["correct"]["ablated"]) == (
+        ho["intact_correct"],
+        ho["correct"],
+    )
+    assert h["gain"]["p_value"] == ho["p_value"]
+    assert "heldout intact: 30 picks and reference log-probs match" in " ".join(got["checks"])
+    assert "heldout L0H1+L1H0: 30 picks" in " ".join(got["checks"])
+    m = np.array(got["margins"]["heldout"]["intact"])
+    assert (m + h["pick_matched_offset"] > 0).sum() == h["picks_second"]["ablated"]
+
+    def scale(tensors):
+        for name in tensors:
+            if "o_proj" in name or "down_proj" in name:
+                tensors[name] = tensors[name] * 3.0
+
+    rewrite_safetensors(model, scale)
+    with pytest.raises(SystemExit, match="the model or code differs from the run's"):
+        script["main"]([str(run)])

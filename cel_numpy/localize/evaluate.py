@@ -330,6 +330,8 @@ class LMEvaluator:
             from cel_numpy.localize.fast import choice_logprobs_fast
 
             return choice_logprobs_fast(self, items, conds)
+        if not conds:
+            return np.full((0, len(items), max((len(it.choices) for it in items), default=0)), 0.0)
         return np.stack([self._choice_logprobs(items, c) for c in conds])
 
     def _choice(self, items, cond):

@@ -6,17 +6,17 @@ Adding one constant b to every margin moves the model along its own ranking of t
 changes only how often it picks each label. So an ablation that gains on such a task can do it
 two ways:
 
-- it shifts the margins, like a constant b would (a bias shift): any constant that moves the
-  picks the same way gains as much;
-- it reorders the items (a better reader): the items whose reference is the second label move
-  ahead of the others, which no constant can do.
+- it shifts the margins as a constant b would (a bias shift): were the ablated margins exactly
+  the intact ones plus b, the intact model with that b would gain as much;
+- it reorders the items: the items whose reference is the second label move ahead of the
+  others, which no constant can do (an item-dependent shift, say one tied to passage length,
+  can; a reordering alone does not show that the model reads better).
 
-The two are told apart by measures that a constant b cannot change (`roc_auc`, the chance that a
-random second-label item has a larger margin than a random first-label one: a bias shift leaves
-it unchanged) and by giving the intact model its best constant (`best_offset`, chosen on the
-discovery panel, never on the held-out one) before comparing. `offset_for_picks` gives the
-intact model exactly the ablated model's number of second-label picks, which shows what a pure
-bias shift of the same size would have done.
+The two are told apart by a measure that a constant cannot change (`roc_auc`, the chance that a
+random second-label item has a larger margin than a random first-label one), by the intact model
+with exactly the ablated model's number of second-label picks (`offset_for_picks`: the same
+bias shift, so any remaining gain is a reordering), and by the intact model with its best
+constant (`best_offset`, chosen on the discovery panel, never on the held-out one).
 
 All functions are pure: margins (n,) float, is_second (n,) bool (the item's reference is the
 second label).
@@ -93,8 +93,10 @@ def _cut_points(margins: np.ndarray) -> np.ndarray:
 
 def best_offset(margins: np.ndarray, is_second: np.ndarray) -> float:
     """The constant that, added to every margin, makes the most verdicts right; among equally
-    good ones, the one nearest 0 (0 itself when no constant beats it). Placed halfway between
-    neighbouring margins, so a margin never sits on the boundary."""
+    good ones, the one nearest 0 (0 itself when no constant beats it; a margin of exactly 0
+    then stays on the boundary and picks the first label, as in the routine). Any other result
+    is halfway between neighbouring distinct margins; two margins one float apart have no
+    float between them, so that one split is never tried."""
     m = np.asarray(margins, dtype=np.float64)
     if not len(m):
         raise ValueError("best_offset needs at least one item")
@@ -119,9 +121,13 @@ def offset_for_picks(margins: np.ndarray, n_second: int) -> float:
     if n_second == n:
         return float(-(m[-1] - 1.0))
     hi, lo = m[n_second - 1], m[n_second]
-    if hi == lo:
-        raise ValueError(f"margins tie at the {n_second}th largest: no constant picks exactly it")
-    return float(-(hi + lo) / 2)
+    offset = float(-(hi / 2 + lo / 2))
+    if hi == lo or int(picks_second(m, offset).sum()) != n_second:
+        raise ValueError(
+            f"margins tie (or sit one float apart) at the {n_second}th largest: no constant "
+            "picks exactly that many"
+        )
+    return offset
 
 
 def auc_difference_interval(
@@ -141,6 +147,8 @@ def auc_difference_interval(
     pos = np.asarray(is_second, dtype=bool)
     if not len(clusters) == len(ma) == len(mb) == len(pos):
         raise ValueError("need one cluster, two margins and one label per item")
+    if pos.all() or not pos.any():
+        raise ValueError("auc_difference_interval needs items of both labels")
     names = sorted(set(clusters))
     index = {c: k for k, c in enumerate(names)}
     members = [[] for _ in names]
