@@ -12,6 +12,8 @@ directory) goes through these few helpers, so one rule holds everywhere:
                                        as \\x1b etc., so text from a file cannot drive the terminal
     physical_memory(), check_memory()  refuse an option whose working set would exceed half of
                                        this machine's memory (a one-line error, not a MemoryError)
+    available_memory()                 what new allocations can use now without swapping (read
+                                       before each optional cache entry, not once at start)
 
 Nothing here imports the rest of the package except cel_numpy.errors.
 """
@@ -123,6 +125,19 @@ def physical_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says new allocations can use without swapping (MemAvailable), or None
+    where /proc/meminfo does not exist."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check_memory(need: int, what: str, fix: str, context: str = "") -> None:

@@ -549,6 +549,7 @@ def test_intact_cache_keeps_what_fits_when_the_panel_does_not(scoring, monkeypat
         return tree
 
     monkeypatch.setattr(mfast, "intact_tree", counted)
+    monkeypatch.setattr(mfast, "available_memory", lambda: None)  # the budget alone decides
 
     def passes(ev, panel) -> int:  # intact passes one call makes
         made.clear()
@@ -600,3 +601,39 @@ def test_intact_pass_keeps_only_the_bytes_it_counts():
     held = {id(base(a)): base(a).nbytes for a in kept}
     assert sum(held.values()) == tree.nbytes == sum(a.nbytes for a in kept)
     assert isinstance(tree, mfast.IntactTree)
+
+
+def test_intact_cache_stops_growing_when_the_machine_runs_short(monkeypatch):
+    """The budget is sized once at start; a process started later may take the memory it
+    counted on. Below the floor of available memory a new intact pass serves its batch and is
+    not kept (the results do not change), and kept passes are reused; above it, passes are kept
+    again."""
+    import cel_numpy.models.fast as mfast
+
+    model = planted_model(np.random.default_rng(3))
+    task = PlantedTask("choice")
+    items = task.sample(np.random.default_rng(4), 12)
+    conds = _conditions(model.config.n_layers, model.config.n_heads)[:4]
+    reference = LMEvaluator(model, task, batch_size=4, intact_cache=False)
+    expected = reference.evaluate_many(items, conds)
+    first_batch = [per_cond[:4] for per_cond in expected]
+
+    available = {"bytes": mfast.INTACT_CACHE_FLOOR - 1}
+    monkeypatch.setattr(mfast, "available_memory", lambda: available["bytes"])
+    ev = LMEvaluator(model, task, batch_size=4)
+    assert_same_results(ev.evaluate_many(items[:4], conds), first_batch, atol=1e-9)
+    cache = ev._intact_cache
+    assert cache.nbytes == 0 and not cache._trees  # short of the floor: nothing kept
+
+    available["bytes"] = mfast.INTACT_CACHE_FLOOR
+    assert_same_results(ev.evaluate_many(items[:4], conds), first_batch, atol=1e-9)
+    kept = dict(cache._trees)
+    assert len(kept) == 1 and cache.nbytes > 0  # at the floor: its one batch kept
+
+    available["bytes"] = 0
+    assert_same_results(ev.evaluate_many(items, conds), expected, atol=1e-9)
+    assert cache._trees.keys() == kept.keys()  # the kept pass stays; no new one is added
+
+    monkeypatch.setattr(mfast, "available_memory", lambda: None)  # no /proc/meminfo: budget only
+    ev.evaluate_many(items, conds)
+    assert len(cache._trees) == 3

@@ -166,10 +166,11 @@ def test_hand_set_intact_budget_counts_per_worker_in_the_auto_plan():
 
 
 def test_workers_auto_plans_with_the_hand_set_intact_budget(monkeypatch, capsys):
+    from cel_numpy import limits
     from cel_numpy.localize import cli, workers
 
     GB = 10**9
-    monkeypatch.setattr(workers, "available_memory", lambda: 24 * GB)
+    monkeypatch.setattr(limits, "available_memory", lambda: 24 * GB)
     monkeypatch.setattr(workers, "available_cores", lambda: 2)
     pool = cli.make_worker_pool("auto", GB // 10, True)
     assert pool is not None and pool.n_workers == 2
@@ -179,10 +180,11 @@ def test_workers_auto_plans_with_the_hand_set_intact_budget(monkeypatch, capsys)
 
 
 def test_hand_set_intact_budget_warns_when_the_workers_may_not_fit(monkeypatch, capsys):
-    from cel_numpy.localize import cli, workers
+    from cel_numpy import limits
+    from cel_numpy.localize import cli
 
     GB = 10**9
-    monkeypatch.setattr(workers, "available_memory", lambda: 20 * GB)
+    monkeypatch.setattr(limits, "available_memory", lambda: 20 * GB)
 
     class TwoWorkers:
         n_workers = 2

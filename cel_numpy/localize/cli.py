@@ -686,13 +686,8 @@ def make_worker_pool(
     theory model (no `weights`: its evaluations take milliseconds, workers would only add their
     start-up). N larger than the cores: a warning.
     """
-    from cel_numpy.localize.workers import (
-        WorkerPool,
-        auto_workers,
-        available_cores,
-        available_memory,
-        memory_split,
-    )
+    from cel_numpy.limits import available_memory
+    from cel_numpy.localize.workers import WorkerPool, auto_workers, available_cores, memory_split
 
     cores = available_cores()
     say = (lambda text: None) if quiet else (lambda text: print(text, file=sys.stderr, flush=True))
@@ -779,7 +774,8 @@ def intact_cache_plan(
     """The intact passes each evaluator may keep: `gigabytes` (--intact-memory) when given,
     else `workers.intact_cache_budget` (the weights count once when `shared`, else once per
     worker); said on stderr when given or above the default."""
-    from cel_numpy.localize.workers import available_memory, intact_cache_budget, memory_split
+    from cel_numpy.limits import available_memory
+    from cel_numpy.localize.workers import intact_cache_budget, memory_split
     from cel_numpy.models.fast import INTACT_CACHE_BYTES
 
     workers = getattr(executor, "n_workers", 1) if executor is not None else 1
@@ -806,7 +802,7 @@ def warn_if_memory_short(workers: int, once: int, per_worker: int) -> None:
     """A hand-set --intact-memory that, times the workers, may not fit the available memory:
     one warning line, also under --quiet (the run goes on: intact passes are kept only as
     panels fill them)."""
-    from cel_numpy.localize.workers import available_memory
+    from cel_numpy.limits import available_memory
 
     available = available_memory()
     need = once + workers * per_worker

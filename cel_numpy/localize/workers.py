@@ -58,19 +58,6 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def available_memory() -> int | None:
-    """Bytes the kernel says new processes can use without swapping (MemAvailable), or None
-    where /proc/meminfo does not exist."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 @dataclass(frozen=True)
 class WorkerPlan:
     """How many workers `--workers auto` starts, and why (printed before the run)."""

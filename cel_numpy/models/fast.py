@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cel_numpy.attention import Rotary, rotary_forward, softmax_attention_forward
+from cel_numpy.limits import available_memory
 from cel_numpy.models.config import ModelConfig
 from cel_numpy.models.transformer import embed, prepare_inputs
 from cel_numpy.ops import finite_argmax
@@ -743,6 +744,12 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
 INTACT_CACHE_BYTES = 1 << 30
 
 
+# Memory the machine must still have available for an intact pass to be kept (IntactCache): room
+# for the activations of two workers' next batches (workers.WORKER_BYTES allows 1 GiB each
+# besides their kept passes), so a cache never grows into the memory that computing needs.
+INTACT_CACHE_FLOOR = 2 * 2**30
+
+
 class IntactCache:
     """Intact passes kept across calls, keyed by the tree's tokens; at most `max_bytes` of them.
 
@@ -754,10 +761,18 @@ class IntactCache:
     used first), and once only the current call's passes are kept, a new one is not stored. A
     panel too large for the budget then keeps its first batches, and each call reuses them; a
     new panel (a later stage) replaces the old one as it is walked.
+
+    The budget is sized once, from the memory free when a run starts; another process started
+    later (a second run, a test beside a search) sizes its own from the same free memory. So a
+    new pass is also kept only while the machine still has `floor` bytes available
+    (MemAvailable, read after the pass is computed); below it the pass serves its batch and is
+    dropped, as when the budget is full. Kept passes stay: the cache stops growing, it does not
+    shrink.
     """
 
-    def __init__(self, max_bytes: int = INTACT_CACHE_BYTES):
+    def __init__(self, max_bytes: int = INTACT_CACHE_BYTES, floor: int = INTACT_CACHE_FLOOR):
         self.max_bytes = int(max_bytes)
+        self.floor = int(floor)
         self.call = 0
         # key -> (intact pass, its bytes, the call that last used it); least recently used first
         self._trees: dict[bytes, tuple[IntactTree, int, int]] = {}
@@ -790,9 +805,13 @@ class IntactCache:
         stale = [k for k, entry in self._trees.items() if entry[2] != self.call]
         while stale and self.nbytes + size > self.max_bytes:
             del self._trees[stale.pop(0)]
-        if self.nbytes + size <= self.max_bytes:
+        if self.nbytes + size <= self.max_bytes and self._memory_left():
             self._trees[key] = (intact, size, self.call)
         return intact
+
+    def _memory_left(self) -> bool:
+        available = available_memory()
+        return available is None or available >= self.floor
 
 
 def _intact(prep, segments, readout, cache: IntactCache | None) -> IntactTree:
