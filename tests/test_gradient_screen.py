@@ -282,3 +282,35 @@ def test_cli_refuses_gradient_agreement_for_the_theory_model(tmp_path):
         localize_cli(["localize", "--model", "theory", "--task", "A", "--gradient-agreement",
                       "--out", str(tmp_path / "r")])  # fmt: skip
     assert not (tmp_path / "r").exists()
+
+
+def test_a_silent_stage_says_it_is_still_working():
+    """Inside `with`, a stage that prints nothing for `heartbeat` seconds (one long chunk) gets
+    a line saying it is still working; a stage whose updates come faster gets none, and none is
+    written after the stage ends or when progress is off."""
+    import io
+    import time
+
+    from cel_numpy.localize import progress
+
+    out = io.StringIO()
+    with progress.Progress("heldout", 2, stream=out, heartbeat=0.2):
+        time.sleep(0.7)  # one chunk of both conditions, still running
+    beats = out.getvalue().splitlines()
+    assert len(beats) >= 2
+    assert beats[0].startswith("heldout    still working: 0 of 2 finished after 00:00")
+    after = len(out.getvalue())
+    time.sleep(0.3)
+    assert len(out.getvalue()) == after  # the thread stopped with the stage
+
+    busy = io.StringIO()  # a line every decile, faster than the heartbeat: no extra lines
+    with progress.Progress("screen", 20, stream=busy, heartbeat=0.5) as bar:
+        for _ in range(20):
+            time.sleep(0.05)
+            bar.update(1)
+    assert "still working" not in busy.getvalue()
+
+    off = io.StringIO()
+    with progress.Progress("heldout", 2, stream=off, enabled=False, heartbeat=0.1):
+        time.sleep(0.3)
+    assert off.getvalue() == ""

@@ -680,7 +680,7 @@ class Localizer:
             results_iter = (f.result() for f in futures)
         else:
             results_iter = (compute(chunk) for chunk in chunks)
-        with open(records, "ab") as fh:
+        with bar, open(records, "ab") as fh:  # `with bar`: a silent stage still says it works
             for chunk, results in zip(chunks, results_iter):
                 if len(results) != len(chunk):
                     raise RuntimeError(
