@@ -637,3 +637,26 @@ def test_intact_cache_stops_growing_when_the_machine_runs_short(monkeypatch):
     monkeypatch.setattr(mfast, "available_memory", lambda: None)  # no /proc/meminfo: budget only
     ev.evaluate_many(items, conds)
     assert len(cache._trees) == 3
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "naive"])
+@pytest.mark.parametrize("ablation", ["zero", "resample"])
+@pytest.mark.parametrize("task_name", ["capitals", "agreement"])
+def test_a_panel_evaluated_slice_by_slice_equals_one_call(task_name, ablation, fast):
+    """The routine computes a large panel in slices (`rows`): the slices' results, joined, are
+    the whole panel's, resample donors included (drawn within the whole panel, not the slice),
+    and they differ from evaluating each slice as a panel of its own."""
+    model = _fixture_with_text(FIXTURES[1])
+    task = TASKS[task_name]
+    items, _ = make_panels(task, 9, 1, 0)
+    L, H = model.config.n_layers, model.config.n_heads
+    conds = [(), ((0, 1),), ((L - 1, H - 1), (0, 0))]
+    kw = dict(ablation=ablation, resample_seed=3, batch_size=3, fast=fast)
+    whole = LMEvaluator(model, task, **kw).evaluate_many(items, conds)
+    sliced = LMEvaluator(model, task, **kw)
+    parts = [sliced.evaluate_many(items, conds, rows=r) for r in (range(0, 4), range(4, 9))]
+    joined = [a + b for a, b in zip(*parts)]
+    assert_same_results(joined, whole, atol=1e-5)
+    if ablation == "resample":  # a slice alone would draw its donors among its own items
+        alone = LMEvaluator(model, task, **kw).evaluate_many(items[:4], conds[1:])
+        assert [r.ref_logprob for r in alone[0]] != [r.ref_logprob for r in parts[0][1]]

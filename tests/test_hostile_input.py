@@ -46,7 +46,7 @@ def test_workers_beyond_the_chunks_are_not_started_and_beyond_the_cores_warned(
     assert err.splitlines() == [
         f"cel-numpy localize: warning: --workers 100 is more than the {cores} CPU cores here: "
         "the extra workers only compete for them (each stage starts at most one worker per "
-        "chunk of conditions)"
+        "piece of work: a chunk of conditions or a slice of a large panel)"
     ]
     assert sizes and max(sizes) <= 2, sizes  # the largest stage has 2 chunks of 8 conditions
     status, err = run_cli(localize_argv(params, tmp_path / "one"))

@@ -8,6 +8,7 @@ ablated heads is positive. Its results are a pure function of (item id, conditio
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -32,7 +33,7 @@ from cel_numpy.localize.ranking import (
     rank_joint,
     rank_singletons,
 )
-from cel_numpy.localize.routine import STAGES, chunk_blocks, localize, stage_pace
+from cel_numpy.localize.routine import STAGES, chunk_blocks, localize, panel_slices, stage_pace
 from cel_numpy.localize.stats import (
     mcnemar_exact,
     mover_difference,
@@ -323,6 +324,62 @@ def test_chunk_items_changes_no_record(tmp_path):
     for stage in ("baseline", "screen", "joint"):
         big = (tmp_path / "big" / f"{stage}.jsonl").read_bytes()
         assert big and big == (tmp_path / "small" / f"{stage}.jsonl").read_bytes()
+
+
+def test_panel_slices_cover_the_rows_in_order_within_the_bound():
+    assert panel_slices(500, 100) == [range(k, k + 100) for k in range(0, 500, 100)]
+    assert panel_slices(250, 100) == [range(0, 83), range(83, 166), range(166, 250)]
+    assert panel_slices(100, 100) == [range(0, 100)]
+    assert panel_slices(7, 1) == [range(k, k + 1) for k in range(7)]
+    for n, size in [(1, 5), (101, 100), (999, 64)]:
+        slices = panel_slices(n, size)
+        assert [i for r in slices for i in r] == list(range(n))
+        assert max(map(len, slices)) <= size and max(map(len, slices)) - min(map(len, slices)) <= 1
+
+
+class SlicingFake(FakeEvaluator):
+    """A FakeEvaluator that evaluates a slice of a panel (`rows`) and notes what it was asked."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.asked = []  # (panel size, rows or None) per call
+
+    def evaluate_many(self, items, conditions, rows=None):
+        self.asked.append((len(items), rows))
+        items = items if rows is None else [items[i] for i in rows]
+        return evaluate_naive(self.evaluate_one, items, conditions)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_large_panels_are_computed_in_slices_and_change_no_record(tmp_path, workers):
+    """A held-out panel larger than slice_items is evaluated slice by slice (every worker busy,
+    progress per slice); the records equal those of whole-panel chunks, byte for byte."""
+    kw = dict(until="nulls", n_disc=12, n_held=140, null_sets=4)  # held-out > SLICE_ABOVE
+    run_fake(tmp_path / "whole", **kw)
+    sliced = SlicingFake()
+    with ThreadPoolExecutor(max_workers=2) if workers else contextlib.nullcontext() as pool:
+        run_fake(
+            tmp_path / "sliced", factory=lambda t, ref: sliced, slice_items=60, executor=pool, **kw
+        )
+    asked = set(sliced.asked)
+    assert {(12, None), (140, range(0, 46)), (140, range(46, 93)), (140, range(93, 140))} == asked
+    for stage in ("baseline", "screen", "joint", "confirm", "heldout", "nulls"):
+        whole = (tmp_path / "whole" / f"{stage}.jsonl.gz").read_bytes()
+        assert whole == (tmp_path / "sliced" / f"{stage}.jsonl.gz").read_bytes(), stage
+
+
+def test_a_sliced_stage_counts_its_progress_in_evaluations_slice_by_slice(tmp_path):
+    """One null set on a 140-item held-out panel is one chunk; in three slices its progress line
+    moves three times (a log gets a line per tenth reached: at 46, 93 and 140 of 140)."""
+    import io
+
+    stream = io.StringIO()
+    localize(tmp_path / "run", lambda t, ref: SlicingFake(), FakeTask(), n_discovery=12,
+             n_heldout=140, seed=0, until="nulls", null_sets=1, slice_items=50, stream=stream,
+             command="test")  # fmt: skip
+    lines = [ln for ln in stream.getvalue().splitlines() if ln.startswith("nulls ")]
+    assert [ln.split("]")[1].split()[0] for ln in lines] == ["46/140", "93/140", "140/140"]
+    assert all("evaluations" in ln for ln in lines)
 
 
 def test_resume_reuses_finished_stages(tmp_path):

@@ -151,6 +151,11 @@ def test_theory_resample_takes_the_donors_head_outputs(trained_theory):  # noqa:
     expected = o.sum(axis=1) - o[:, 1] + o[donors, 1]
     np.testing.assert_allclose(ev.predict(items, ((0, 1),)), expected, atol=1e-12)
     np.testing.assert_allclose(ev.predict(items, ()), o.sum(axis=1), atol=1e-12)
+    # a slice of the panel (`rows`, as the routine asks for a large one) keeps the panel's donors
+    whole = ev.evaluate_many(items, [((0, 1),)])[0]
+    parts = [ev.evaluate_many(items, [((0, 1),)], rows=r)[0] for r in (range(15), range(15, 40))]
+    assert parts[0] + parts[1] == whole
+    assert ev.evaluate_many(items[:15], [((0, 1),)])[0] != parts[0]  # its own donors differ
 
 
 def test_cli_test_heads_three_ablations_on_the_theory_model(tmp_path, trained_theory, capsys):  # noqa: F811

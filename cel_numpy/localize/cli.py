@@ -704,7 +704,7 @@ def make_worker_pool(
         print(
             f"cel-numpy localize: warning: --workers {workers} is more than the {cores} CPU "
             "cores here: the extra workers only compete for them (each stage starts at most one "
-            "worker per chunk of conditions)",
+            "worker per piece of work: a chunk of conditions or a slice of a large panel)",
             file=sys.stderr,
             flush=True,
         )

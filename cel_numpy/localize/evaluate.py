@@ -63,8 +63,24 @@ class Evaluator(Protocol):
         ...
 
     def evaluate_many(
-        self, items: Sequence[Item], conditions: Sequence[Condition]
-    ) -> list[list[ExampleResult]]: ...
+        self, items: Sequence[Item], conditions: Sequence[Condition], rows: range | None = None
+    ) -> list[list[ExampleResult]]:
+        """Per condition, one result per item of `items[rows]` (every item when rows is None).
+        `items` is the whole panel: an ablation that draws on the panel (resample donors) draws
+        on all of it, so a panel evaluated slice by slice gives the results of one call.
+        Optional: the routine splits a large panel into slices only for an evaluator whose
+        evaluate_many takes `rows` (`takes_rows`)."""
+        ...
+
+
+def takes_rows(evaluator) -> bool:
+    """Whether `evaluator.evaluate_many` accepts `rows` (evaluates a slice of a panel)."""
+    import inspect
+
+    try:
+        return "rows" in inspect.signature(evaluator.evaluate_many).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def evaluate_naive(
@@ -215,11 +231,17 @@ class LMEvaluator:
         (resample; donors drawn within `items`, kept per panel)."""
         if self.ablation != "resample":
             return self.mean_z
-        key = tuple(it.id for it in items)
+        return self._resample_fill(items, range(len(items)))
+
+    def _resample_fill(self, panel: Sequence[Item], rows: range) -> np.ndarray:
+        """(L, len(rows), H, E): for each item of panel[rows], its donor's mean z, the donors
+        drawn within the whole panel. Remembered under the evaluated items' ids (the panels of
+        a run are disjoint, so a slice's ids never name another panel)."""
+        key = tuple(panel[i].id for i in rows)
         memo = self.__dict__.setdefault("_resample_fills", {})
         if key not in memo:
-            donors = resample_donors([it.cluster for it in items], self.resample_seed)
-            prompts = [self.prompt_ids(items[d].prompt) for d in donors]
+            donors = resample_donors([it.cluster for it in panel], self.resample_seed)[rows]
+            prompts = [self.prompt_ids(panel[d].prompt) for d in donors]
             memo[key] = self.model.row_mean_z(prompts, batch_size=self.batch_size)
         return memo[key]
 
@@ -261,7 +283,11 @@ class LMEvaluator:
         kind = "zero" if fill is None else "mean"
         return {"ablate": list(cond), "ablation": kind, "mean_z": fill}
 
-    def evaluate_many(self, items, conditions):
+    def evaluate_many(self, items, conditions, rows: range | None = None):
+        if rows is not None:
+            if self.ablation == "resample":
+                self._resample_fill(items, rows)  # donors from the whole panel, remembered
+            items = [items[i] for i in rows]
         if self.fast:
             from cel_numpy.localize.fast import evaluate_many_fast
 
@@ -553,5 +579,7 @@ class TheoryEvaluator:
             out.append(ExampleResult(it.id, bool(self.task.is_correct(it, answer)), answer))
         return out
 
-    def evaluate_many(self, items, conditions):
-        return evaluate_naive(self.evaluate_condition, items, conditions)
+    def evaluate_many(self, items, conditions, rows: range | None = None):
+        # resample donors come from the whole panel: evaluate it all, keep the rows asked for
+        results = evaluate_naive(self.evaluate_condition, items, conditions)
+        return results if rows is None else [[res[i] for i in rows] for res in results]

@@ -2,9 +2,9 @@
 
 On a terminal it redraws one line in place; otherwise (a log file, CI) it prints a plain line
 about every 10% so logs stay short. Used as a context manager, it also says the stage is still
-working when nothing was printed for `heartbeat` seconds: a chunk of work can take longer than
-that (a test-heads held-out stage on 500 HellaSwag items is one chunk of about 40 minutes),
-and a log that stays silent that long looks like a hung run.
+working when nothing was printed for `heartbeat` seconds: a piece of work can take longer than
+that (a joint chunk of 8 conditions on a slow model), and a log that stays silent that long
+looks like a hung run.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Progress:
     work runs ("2 workers x 1 BLAS thread"), printed with that estimate; parallel: blocks
     computed at once (workers), so the first block's time is that of `parallel` blocks;
     heartbeat: seconds of silence after which, inside `with`, a line says the stage is still
-    working (0: never)."""
+    working (0: never); unit: what is counted, printed after the counts ("evaluations")."""
 
     def __init__(
         self,
@@ -45,6 +45,7 @@ class Progress:
         plan: str = "",
         parallel: int = 1,
         heartbeat: float = HEARTBEAT,
+        unit: str = "",
     ):
         self.label = label
         self.total = max(int(total), 0)
@@ -59,6 +60,7 @@ class Progress:
         self.plan = plan
         self.parallel = max(1, int(parallel))
         self.heartbeat = float(heartbeat)
+        self.unit = f" {unit}" if unit else ""
         self._lock = threading.Lock()  # the heartbeat thread writes too
         self._writes = 0  # lines written so far (the heartbeat watches it change)
         self._stopped = threading.Event()
@@ -89,8 +91,8 @@ class Progress:
     def still_working_line(self) -> str:
         elapsed = _fmt_seconds(time.monotonic() - self.start)
         return (
-            f"{self.label:<10} still working: {self.done} of {self.total} finished after "
-            f"{elapsed} (the count moves when a chunk of work ends)"
+            f"{self.label:<10} still working: {self.done} of {self.total}{self.unit} finished "
+            f"after {elapsed} (the count moves when a piece of work ends)"
         )
 
     def _write(self, text: str) -> None:
@@ -107,7 +109,7 @@ class Progress:
         bar = "#" * filled + "-" * (self.width - filled)
         eta_s = _fmt_seconds(eta) if eta == eta else "--:--"
         return (
-            f"{self.label:<10} [{bar}] {self.done}/{self.total} {100 * frac:5.1f}%  "
+            f"{self.label:<10} [{bar}] {self.done}/{self.total}{self.unit} {100 * frac:5.1f}%  "
             f"{_fmt_seconds(elapsed)} elapsed, ETA {eta_s}"
         )
 
@@ -124,7 +126,8 @@ class Progress:
                 hint = f"; {self.slow_hint}" if self.slow_hint else ""
                 self._write(
                     f"{self.label:<10} about {_fmt_seconds(estimate)} in all{plan} at the pace of "
-                    f"its first {self.done} of {self.total} ({_fmt_seconds(elapsed)}){hint}\n"
+                    f"its first {self.done} of {self.total}{self.unit} ({_fmt_seconds(elapsed)})"
+                    f"{hint}\n"
                 )
         if self.tty:
             self._write("\r" + self.line() + ("\n" if self.done == self.total else ""))

@@ -59,6 +59,7 @@ from cel_numpy.localize.conditions import (
     condition_name,
     normalize_condition,
 )
+from cel_numpy.localize.evaluate import takes_rows
 from cel_numpy.localize.metrics import logprob_change, null_percentile
 from cel_numpy.localize.progress import Progress
 from cel_numpy.localize.ranking import (
@@ -94,6 +95,14 @@ MATCHED_POOL = 700  # default pool of the selection-matched null: 4x the search'
 # a 100-item panel (conditions share each batch's intact pass), 3 on a 500-item one, so that a
 # large panel's chunk is written within minutes instead of one 8 x 500 chunk in 40.
 CHUNK_ITEMS = 1600
+# A chunk on a panel of more than SLICE_ABOVE items (a held-out panel of 300 or 500; discovery
+# panels of 100 stay whole) is computed in slices of at most SLICE_ITEMS items (one
+# evaluate_many call each, `panel_slices`; the boundaries depend on the panel size alone, so the
+# records do not depend on --workers) and written when its last slice is in: a held-out chunk
+# keeps every worker busy even when it is the stage's only chunk (a test-heads held-out stage:
+# the set and the intact model), and its progress moves per slice.
+SLICE_ABOVE = 100
+SLICE_ITEMS = 50
 
 
 def nominee_count(
@@ -355,10 +364,20 @@ def chunk_blocks(
     return chunks
 
 
-def evaluate_chunk(evaluator, items, conditions):
-    """What an executor runs: `evaluator.evaluate_many(items, conditions)`
-    (picklable by reference)."""
-    return evaluator.evaluate_many(items, conditions)
+def panel_slices(n_items: int, slice_items: int) -> list[range]:
+    """The rows of an n-item panel in consecutive slices of nearly equal size, none larger than
+    slice_items: 500 items at 50 -> ten of 50; 250 at 100 -> 83, 83, 84."""
+    n_slices = max(1, -(-n_items // max(1, slice_items)))
+    bounds = [n_items * k // n_slices for k in range(n_slices + 1)]
+    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def evaluate_chunk(evaluator, items, conditions, rows=None):
+    """What an executor runs: `evaluator.evaluate_many(items, conditions)`, or for the slice
+    `rows` of the panel `items` (picklable by reference)."""
+    if rows is None:
+        return evaluator.evaluate_many(items, conditions)
+    return evaluator.evaluate_many(items, conditions, rows=rows)
 
 
 def _as_task(task):
@@ -389,6 +408,7 @@ class Localizer:
         executor: Executor | None = None,
         chunk_size: int = 8,
         chunk_items: int = CHUNK_ITEMS,
+        slice_items: int = SLICE_ITEMS,
         progress: bool = True,
         command: str | None = None,
         n_nominees: int = N_NOMINEES,
@@ -452,6 +472,7 @@ class Localizer:
         self.executor = executor
         self.chunk_size = max(1, int(chunk_size))
         self.chunk_items = max(1, int(chunk_items))
+        self.slice_items = max(1, int(slice_items))
         self.progress = progress
         self.stream = stream if stream is not None else sys.stderr
         self.command = command if command is not None else " ".join(sys.argv)
@@ -590,6 +611,15 @@ class Localizer:
 
     # ------------------------------------------------------------------ one resumable stage
 
+    def _slices(self, chunk: list[rd.Block]) -> list[range | None]:
+        """How a chunk is computed: whole ([None]), or in slices of at most `slice_items` of its
+        panel's rows when the panel holds more than SLICE_ABOVE items and the evaluator can
+        take a slice."""
+        n_items = len(self.panels[chunk[0].panel])
+        if n_items <= SLICE_ABOVE or not takes_rows(self._evaluator_for(chunk[0].panel)):
+            return [None]
+        return panel_slices(n_items, self.slice_items)
+
     def _run_stage(
         self,
         stage: str,
@@ -642,51 +672,65 @@ class Localizer:
             self.chunk_size,
             self.chunk_items,
         )
+        # what is computed: each chunk whole, or slice by slice (a large panel; `SLICE_ITEMS`)
+        tasks = [(k, rows) for k, chunk in enumerate(chunks) for rows in self._slices(chunk)]
         bar = Progress(
             label or stage,
-            len(remaining),
+            sum(len(self.panels[b.panel]) for b in remaining),
             stream=self.stream,
             enabled=self.progress and label is not None,
             slow_hint=SLOW_HINTS.get(
                 stage if stage != "screen" else f"screen-{self.screen_method}"
             ),
             plan=self._plan(),
-            parallel=min(getattr(self.executor, "n_workers", 1), max(len(chunks), 1)),
+            parallel=min(getattr(self.executor, "n_workers", 1), max(len(tasks), 1)),
+            unit="evaluations",
         )
 
-        def compute(chunk):
-            items = self.panels[chunk[0].panel]
-            return self._evaluator_for(chunk[0].panel).evaluate_many(
-                items, [b.condition for b in chunk]
+        def compute(k, rows):
+            chunk = chunks[k]
+            evaluator = self._evaluator_for(chunk[0].panel)
+            return evaluate_chunk(
+                evaluator, self.panels[chunk[0].panel], [b.condition for b in chunk], rows
             )
 
         if self.executor is not None:
             for chunk in chunks:  # evaluators are created here, before any worker needs them
                 self._evaluator_for(chunk[0].panel)
-            # a WorkerPool: no more workers than chunks
-            if chunks and hasattr(self.executor, "plan"):
-                self.executor.plan(len(chunks))
+            # a WorkerPool: no more workers than pieces of work
+            if tasks and hasattr(self.executor, "plan"):
+                self.executor.plan(len(tasks))
             # a module-level function and picklable arguments: works with thread, process and
             # cluster executors (Dask's Client.get_executor()) alike
             futures = [
                 self.executor.submit(
                     evaluate_chunk,
-                    self._evaluator_for(chunk[0].panel),
-                    self.panels[chunk[0].panel],
-                    [b.condition for b in chunk],
+                    self._evaluator_for(chunks[k][0].panel),
+                    self.panels[chunks[k][0].panel],
+                    [b.condition for b in chunks[k]],
+                    rows,
                 )
-                for chunk in chunks
+                for k, rows in tasks
             ]
             results_iter = (f.result() for f in futures)
         else:
-            results_iter = (compute(chunk) for chunk in chunks)
+            results_iter = (compute(k, rows) for k, rows in tasks)
+        pieces: list[list[list[ExampleResult]]] = []  # the slices of the chunk being assembled
         with bar, open(records, "ab") as fh:  # `with bar`: a silent stage still says it works
-            for chunk, results in zip(chunks, results_iter):
+            for (k, rows), results in zip(tasks, results_iter):
+                chunk = chunks[k]
                 if len(results) != len(chunk):
                     raise RuntimeError(
                         f"evaluator returned {len(results)} result lists "
                         f"for {len(chunk)} conditions"
                     )
+                pieces.append(results)
+                n_items = len(self.panels[chunk[0].panel])
+                bar.update(len(chunk) * (n_items if rows is None else len(rows)))
+                if rows is not None and rows.stop < n_items:
+                    continue  # the chunk's later slices are still to come
+                results = [[r for piece in pieces for r in piece[c]] for c in range(len(chunk))]
+                pieces = []
                 text, sums = [], []
                 for block, res in zip(chunk, results):
                     ids = [it.id for it in self.panels[block.panel]]
@@ -704,7 +748,6 @@ class Localizer:
                     os.fsync(fh.fileno())
                 # after the records: a block with a checksum is whole
                 rd.append_sums(self.out, stage, sums)
-                bar.update(len(chunk))
         summary = summarize(blocks)
         rd.write_done(
             self.out,
