@@ -32,7 +32,7 @@ from bench_forward import cpu_summary
 import cel_numpy as cn
 from cel_numpy.heads import parse_heads
 from cel_numpy.localize.evaluate import BATCH_SIZE, LMEvaluator
-from cel_numpy.localize.routine import SLICE_ITEMS, evaluate_chunk, panel_slices
+from cel_numpy.localize.routine import SLICE_ITEMS, evaluate_chunk, join_slices, panel_slices
 from cel_numpy.localize.workers import WorkerPool, available_cores
 from cel_numpy.tasks import get_task, make_panels
 
@@ -49,7 +49,7 @@ def run_once(ev, items, conditions, n_workers: int, sliced: bool):
         seconds = time.perf_counter() - t0
     finally:
         pool.shutdown()
-    return seconds, [[r for part in parts for r in part[c]] for c in range(len(conditions))]
+    return seconds, join_slices(parts)
 
 
 def main(argv=None) -> int:

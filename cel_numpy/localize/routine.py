@@ -372,6 +372,12 @@ def panel_slices(n_items: int, slice_items: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
+def join_slices(pieces: Sequence[list[list[ExampleResult]]]) -> list[list[ExampleResult]]:
+    """A chunk's results from its slices' results (each: per condition, the slice's items in
+    order): per condition, every slice's items in order."""
+    return [[r for part in per_condition for r in part] for per_condition in zip(*pieces)]
+
+
 def evaluate_chunk(evaluator, items, conditions, rows=None):
     """What an executor runs: `evaluator.evaluate_many(items, conditions)`, or for the slice
     `rows` of the panel `items` (picklable by reference)."""
@@ -687,11 +693,14 @@ class Localizer:
             unit="evaluations",
         )
 
-        def compute(k, rows):
-            chunk = chunks[k]
-            evaluator = self._evaluator_for(chunk[0].panel)
-            return evaluate_chunk(
-                evaluator, self.panels[chunk[0].panel], [b.condition for b in chunk], rows
+        def chunk_args(k, rows):
+            """evaluate_chunk's arguments for slice `rows` (None: all) of chunk k."""
+            panel = chunks[k][0].panel
+            return (
+                self._evaluator_for(panel),
+                self.panels[panel],
+                [b.condition for b in chunks[k]],
+                rows,
             )
 
         if self.executor is not None:
@@ -703,18 +712,11 @@ class Localizer:
             # a module-level function and picklable arguments: works with thread, process and
             # cluster executors (Dask's Client.get_executor()) alike
             futures = [
-                self.executor.submit(
-                    evaluate_chunk,
-                    self._evaluator_for(chunks[k][0].panel),
-                    self.panels[chunks[k][0].panel],
-                    [b.condition for b in chunks[k]],
-                    rows,
-                )
-                for k, rows in tasks
+                self.executor.submit(evaluate_chunk, *chunk_args(k, rows)) for k, rows in tasks
             ]
             results_iter = (f.result() for f in futures)
         else:
-            results_iter = (compute(k, rows) for k, rows in tasks)
+            results_iter = (evaluate_chunk(*chunk_args(k, rows)) for k, rows in tasks)
         pieces: list[list[list[ExampleResult]]] = []  # the slices of the chunk being assembled
         with bar, open(records, "ab") as fh:  # `with bar`: a silent stage still says it works
             for (k, rows), results in zip(tasks, results_iter):
@@ -729,8 +731,7 @@ class Localizer:
                 bar.update(len(chunk) * (n_items if rows is None else len(rows)))
                 if rows is not None and rows.stop < n_items:
                     continue  # the chunk's later slices are still to come
-                results = [[r for piece in pieces for r in piece[c]] for c in range(len(chunk))]
-                pieces = []
+                results, pieces = join_slices(pieces), []
                 text, sums = [], []
                 for block, res in zip(chunk, results):
                     ids = [it.id for it in self.panels[block.panel]]
