@@ -285,10 +285,32 @@ def test_batch_size_is_priced_against_memory(tmp_path):
             norm_eps=1e-5,
         )
     )
-    check_batch_memory(16, 200, config, 4)  # the default batch on SmolLM2's shapes passes
+    for full_logits in (False, True):  # the default batch on SmolLM2's shapes passes
+        check_batch_memory(16, 200, config, 4, full_logits=full_logits)
     if physical_memory() is not None:
         with pytest.raises(OptionError, match="--batch-size 100000 needs about"):
-            check_batch_memory(100_000, 200, config, 4)
+            check_batch_memory(100_000, 200, config, 4, full_logits=False)
+    # Gemma 3 270M's shapes with BoolQ's longest prompt: the exact engine reads logits at answer
+    # positions only (about 0.8 GB); the gradient screen keeps B x T x V logits (about 12 GB)
+    gemma = ModelConfig.from_dict(
+        dict(
+            family="llama",
+            n_layers=18,
+            n_heads=4,
+            n_kv_heads=1,
+            d_model=640,
+            d_head=256,
+            d_mlp=2048,
+            vocab_size=262144,
+            n_ctx=32768,
+            norm_eps=1e-6,
+        )
+    )
+    check_batch_memory(16, 721, gemma, 4, full_logits=False)
+    with_logits = 16 * 721 * (2 * 4 * 721 + 3 * 2048 + 8 * 640 + 262144) * 4
+    if physical_memory() is not None and with_logits > physical_memory() // 2:
+        with pytest.raises(OptionError, match="gradient screen keeps logits at every position"):
+            check_batch_memory(16, 721, gemma, 4, full_logits=True)
 
 
 def test_memory_error_anywhere_is_one_line_exit_2(monkeypatch):

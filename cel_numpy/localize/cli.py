@@ -508,17 +508,26 @@ def check_model_name(spec: str) -> None:
         )
 
 
-def check_batch_memory(batch_size: int, n_tokens: int, config, itemsize: int) -> None:
+def check_batch_memory(
+    batch_size: int, n_tokens: int, config, itemsize: int, *, full_logits: bool
+) -> None:
     """--batch-size must fit in memory: a forward of B sequences of T tokens holds about
-    B T (V + 2 H T + 3 F + 8 D) numbers (full logits, attention scores and probabilities, the
-    MLP and residual activations); refused past half of this machine's memory."""
+    B T (2 H T + 3 F + 8 D) numbers (attention scores and probabilities, the MLP and residual
+    activations), and B T V more where logits are computed at every position (`full_logits`: the
+    gradient screen's forward and backward). The exact engine reads logits only at answer
+    positions, in GEMMs of at most a few hundred rows, so its full-vocabulary logits are not
+    priced per token (on Gemma 3's 262,144-token vocabulary they would be 90% of the count).
+    Refused past half of this machine's memory."""
     c = config
-    per_row = n_tokens * (c.vocab_size + 2 * c.n_heads * n_tokens + 3 * c.d_mlp + 8 * c.d_model)
+    per_token = 2 * c.n_heads * n_tokens + 3 * c.d_mlp + 8 * c.d_model
+    if full_logits:
+        per_token += c.vocab_size
     check_memory(
-        batch_size * per_row * itemsize,
+        batch_size * n_tokens * per_token * itemsize,
         f"--batch-size {batch_size}",
         "use a smaller --batch-size",
-        context=f" with prompts of up to {n_tokens} tokens on this model",
+        context=f" with prompts of up to {n_tokens} tokens on this model"
+        + (" (the gradient screen keeps logits at every position)" if full_logits else ""),
     )
 
 
@@ -585,7 +594,12 @@ def lm_setup(args, task, cross, evaluator_options: dict | None = None):
             for name, t in tasks.items()
         },
     )
-    check_batch_memory(args.batch_size, longest, model.config, model.dtype.itemsize)
+    full_logits = getattr(args, "screen", "exact") == "gradient" or getattr(
+        args, "gradient_agreement", False
+    )
+    check_batch_memory(
+        args.batch_size, longest, model.config, model.dtype.itemsize, full_logits=full_logits
+    )
     cache = {}
 
     def make_evaluator(t, reference_items):
