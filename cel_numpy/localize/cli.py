@@ -513,10 +513,11 @@ def check_batch_memory(
 ) -> None:
     """--batch-size must fit in memory: a forward of B sequences of T tokens holds about
     B T (2 H T + 3 F + 8 D) numbers (attention scores and probabilities, the MLP and residual
-    activations), and B T V more where logits are computed at every position (`full_logits`: the
-    gradient screen's forward and backward). The exact engine reads logits only at answer
-    positions, in GEMMs of at most a few hundred rows, so its full-vocabulary logits are not
-    priced per token (on Gemma 3's 262,144-token vocabulary they would be 90% of the count).
+    activations), and B T V more where logits are computed at every position (`full_logits`:
+    the first-order estimate's forward and backward, for --screen gradient or
+    --gradient-agreement). The exact engine reads logits only at answer positions, in GEMMs of
+    at most a few hundred rows, so its full-vocabulary logits are not priced per token (on
+    Gemma 3's 262,144-token vocabulary they would be 90% of the count).
     Refused past half of this machine's memory."""
     c = config
     per_token = 2 * c.n_heads * n_tokens + 3 * c.d_mlp + 8 * c.d_model
@@ -527,7 +528,7 @@ def check_batch_memory(
         f"--batch-size {batch_size}",
         "use a smaller --batch-size",
         context=f" with prompts of up to {n_tokens} tokens on this model"
-        + (" (the gradient screen keeps logits at every position)" if full_logits else ""),
+        + (" (the first-order estimate keeps logits at every position)" if full_logits else ""),
     )
 
 
@@ -594,9 +595,7 @@ def lm_setup(args, task, cross, evaluator_options: dict | None = None):
             for name, t in tasks.items()
         },
     )
-    full_logits = getattr(args, "screen", "exact") == "gradient" or getattr(
-        args, "gradient_agreement", False
-    )
+    full_logits = args.screen == "gradient" or args.gradient_agreement  # test-heads: both off
     check_batch_memory(
         args.batch_size, longest, model.config, model.dtype.itemsize, full_logits=full_logits
     )
