@@ -224,7 +224,7 @@ def test_matched_gate_skips_both_stages_and_dropping_it_runs_them(tmp_path, matc
     assert "Selection-matched null: not run" in (out / "report.md").read_text()
     capsys.readouterr()
     assert main(["summarize", "--verify", str(out)]) == 0
-    assert "not run (gate p < 1e-12)" in capsys.readouterr().out
+    assert "not run (gate: gain > 0 with p < 1e-12)" in capsys.readouterr().out
     (out / "matched-pool.jsonl").write_text("")  # records the report's skip would hide
     assert main(["summarize", "--verify", str(out)]) == 2
     assert "skipped with no matched records is True in report.json" in capsys.readouterr().err

@@ -412,7 +412,7 @@ def render(summary: dict) -> str:
         matched_text = (
             f"{matched['percentile']:.0f} (of {matched['n']}, best of {matched['budget']})"
             if matched
-            else f"not run (gate p < {skipped['gate']:g})"
+            else f"not run (gate: gain > 0 with p < {skipped['gate']:g})"
             if skipped
             else "-"
         )
