@@ -194,6 +194,20 @@ def test_a_set_tested_under_another_ablation_names_it(runs, tmp_path):
     ]
 
 
+def test_a_percentile_with_a_tie_keeps_its_half(runs, tmp_path):
+    """Ties count half, so a percentile can be 32.5: the table prints it as the report has it
+    (rounding it to 32 would disagree with the docs that quote the report), and 40.0 as 40."""
+    (a,) = _copy(runs, tmp_path, "a")
+
+    def edit(report):
+        report["primary"]["nulls"]["percentile"] = 40.0
+        report["primary"]["matched_null"]["percentile"] = 32.5
+
+    _edit_report(a, edit)
+    (row,) = [l for l in render(summarize([a])).splitlines() if l.startswith("| theory-A")]
+    assert "| 40 (of " in row and "| 32.5 (of " in row, row
+
+
 # --------------------------------------------------------------------------- directories, cells
 
 

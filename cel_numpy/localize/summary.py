@@ -407,10 +407,10 @@ def render(summary: dict) -> str:
     for row in rows:
         ho, sizes, clusters = row["heldout"], row["panel_sizes"], row["n_clusters"]
         nulls, matched = row["nulls"], row.get("matched_null")
-        null_text = f"{nulls['percentile']:.0f} (of {nulls['n']})" if nulls else "-"
+        null_text = f"{nulls['percentile']:g} (of {nulls['n']})" if nulls else "-"
         skipped = row.get("matched_null_skipped")
         matched_text = (
-            f"{matched['percentile']:.0f} (of {matched['n']}, best of {matched['budget']})"
+            f"{matched['percentile']:g} (of {matched['n']}, best of {matched['budget']})"
             if matched
             else f"not run (gate: gain > 0 with p < {skipped['gate']:g})"
             if skipped
