@@ -10,6 +10,9 @@ item), for docs/benchmarks.md.
     # the same heads stacked in one call, as a screen runs them (MBPP needs consent to run code)
     CEL_NUMPY_ALLOW_CODE_EXECUTION=1 ... cost --model qwen2.5-coder-0.5b --task mbpp --items 8 \\
         --stacked
+    # where a stacked call's time goes (its costliest functions by their own time)
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 python scripts/measure_benchmarks.py cost \\
+        --model gemma-3-270m --task hellaswag --items 16 --conditions 4 --stacked --profile 8
 
 accuracy: items in a seeded random order (`--seed`; the items done at any moment are a uniform
 random sample of the split), `--chunk` at a time through the fast engine (one condition, the
@@ -32,8 +35,10 @@ item) for each.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -176,7 +181,7 @@ def cost(args) -> None:
     L = model.config.n_layers
     layers = [round(k * (L - 1) / max(1, args.conditions - 1)) for k in range(args.conditions)]
     if args.stacked:
-        return stacked_cost(model, task, items, layers, args.batch_size)
+        return stacked_cost(model, task, items, layers, args.batch_size, args.profile)
     ev = LMEvaluator(model, task, batch_size=args.batch_size, intact_cache=False)
     ev.evaluate_many(items[: args.batch_size], [()])  # warm-up: prepared weights, allocator
     for label, conds in [("intact", [()])] + [(f"L{l}H0", [((l, 0),)]) for l in layers]:
@@ -188,7 +193,7 @@ def cost(args) -> None:
               flush=True)  # fmt: skip
 
 
-def stacked_cost(model, task, items, layers, batch_size) -> None:
+def stacked_cost(model, task, items, layers, batch_size, profile_top: int = 0) -> None:
     """The heads at `layers` (head 0) in one call, as a screen chunk runs them: the intact pass
     and the intact answers (a generate task's drafts) computed first and kept, then every
     condition; prints both parts per item and per (condition x item), and how many ablated
@@ -200,14 +205,32 @@ def stacked_cost(model, task, items, layers, batch_size) -> None:
     print(f" intact: {dt / len(items):.3f} s wall, {dc / len(items):.3f} s CPU per item "
           f"({sum(r.correct for r in intact)}/{len(items)} correct)", flush=True)  # fmt: skip
     conds = [((l, 0),) for l in layers]
+    profile = cProfile.Profile() if profile_top else None
     t0, c0 = time.perf_counter(), time.process_time()
-    out = ev.evaluate_many(items, conds)
+    out = (
+        ev.evaluate_many(items, conds)
+        if profile is None
+        else profile.runcall(ev.evaluate_many, items, conds)
+    )
     dt, dc = time.perf_counter() - t0, time.process_time() - c0
     n = len(items) * len(conds)
     same = sum(a.answer == b.answer for res in out for a, b in zip(res, intact))
     print(f"stacked: {len(conds)} heads ({', '.join(f'L{l}H0' for l in layers)}) x {len(items)} "
           f"items: {dt / n:.3f} s wall, {dc / n:.3f} s CPU per (condition x item); "
           f"{same} of {n} answers equal the intact model's", flush=True)  # fmt: skip
+    if profile is not None:
+        print_profile(profile, profile_top)
+
+
+def print_profile(profile: cProfile.Profile, top: int) -> None:
+    """The `top` functions by their own time (a BLAS call's time counts to the Python function
+    that made it), each as a share of the profiled call's time."""
+    stats = pstats.Stats(profile).stats  # {(file, line, name): (cc, nc, tottime, cumtime, callers)}
+    total = sum(row[2] for row in stats.values())
+    print(f"profile of the stacked call ({total:.1f} s), top {top} by own time:")
+    for (file, line, name), row in sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]:
+        where = f"{Path(file).name}:{line}({name})" if line else name
+        print(f"  {row[2] / total:6.1%} {row[2]:8.2f} s  {where}", flush=True)
 
 
 def main(argv=None) -> None:
@@ -227,6 +250,10 @@ def main(argv=None) -> None:
     p.add_argument(
         "--stacked", action="store_true",
         help="cost: every condition in one call with the intact pass kept, as a screen runs them",
+    )  # fmt: skip
+    p.add_argument(
+        "--profile", type=int, default=0, metavar="N",
+        help="cost --stacked: profile the stacked call; print its N costliest functions",
     )  # fmt: skip
     args = p.parse_args(argv)
     accuracy(args) if args.mode == "accuracy" else cost(args)
