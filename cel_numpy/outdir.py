@@ -1,15 +1,38 @@
 """Output directories: created and proven writable before any work starts.
 
 One check for every command that writes a folder (`cel-numpy theory --out`, `cel-numpy localize
---out`, the demo), so the same condition always gives the same one-line `OptionError`.
+--out`, the demo), so the same condition always gives the same one-line `OptionError`:
+
+    out_arg(text)             argparse type for --out: an empty value (which would mean the
+                              current folder) is refused, not silently turned into "."
+    prepare_out(out)          create the folder and prove it writable
+    run_directory_holding(p)  the run directory (a folder with manifest.json) that is `p` or
+                              holds it: commands whose output is not a run refuse to write there
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 
 from cel_numpy.errors import OptionError
+
+
+def out_arg(text: str) -> Path:
+    """An --out value: a non-empty path (argparse turns the ValueError into a one-line error)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a folder, e.g. --out results/my-run")
+    return Path(text).expanduser()
+
+
+def run_directory_holding(path: str | os.PathLike) -> Path | None:
+    """The nearest folder at or above `path` that holds a run's manifest.json, or None."""
+    target = Path(path).resolve()
+    for folder in (target, *target.parents):
+        if (folder / "manifest.json").is_file():
+            return folder
+    return None
 
 
 def prepare_out(out: str | os.PathLike, option: str = "--out") -> Path:
@@ -17,6 +40,8 @@ def prepare_out(out: str | os.PathLike, option: str = "--out") -> Path:
 
     `option` names the argument in the message ("--out" on the command line).
     """
+    if not str(out).strip():
+        raise OptionError(f"{option} is empty: give a folder, e.g. {option} results/my-run")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise OptionError(

@@ -147,7 +147,7 @@ def _unwritable(tmp: Path) -> Path:
     return ro / "run"
 
 
-def _localize(model: str, out: Path, *extra: str) -> list[str]:
+def _localize(model: str, out: Path | str, *extra: str) -> list[str]:
     return [
         "localize",
         "--model",
@@ -647,6 +647,20 @@ CASES = [
         r"context of 64 leaves with --max-new-tokens 16: shorten it",
     ),
     Case(
+        "max-new-tokens-past-context",
+        "--max-new-tokens as long as the context window (64 tokens): no prompt could fit",
+        lambda t: [
+            "generate",
+            "--model",
+            str(with_tokenizer(copy_fixture(t, "tiny_gpt2"))),
+            "Hello",
+            "--max-new-tokens",
+            "64",
+        ],
+        r"--max-new-tokens 64 leaves no room for a prompt in the model's context of 64 tokens: "
+        r"give at most 63",
+    ),
+    Case(
         "prompt-not-unicode",
         "a prompt with invalid UTF-8 bytes (Python passes them on as lone surrogates)",
         lambda t: [
@@ -869,6 +883,18 @@ CASES = [
         r"--out \S+notes\.txt is an existing file, not a directory",
     ),
     Case(
+        "out-empty",
+        "localize --out '' (an empty path would mean the current folder)",
+        lambda t: _localize("smollm2", "", "--task", "ioi"),
+        r"argument --out: is empty: give a folder, e\.g\. --out results/my-run",
+    ),
+    Case(
+        "theory-out-empty",
+        "theory --out ''",
+        lambda t: ["theory", "--out", "", "--quiet"],
+        r"--out is empty: give a folder, e\.g\. --out results/my-run",
+    ),
+    Case(
         "out-under-a-file",
         "localize --out under an existing file",
         lambda t: _localize("smollm2", _write(t, "notes.txt", b"x") / "run", "--task", "ioi"),
@@ -914,6 +940,19 @@ CASES = [
         lambda t: ["theory", "--lr", "1e6", "--steps", "50", "--quiet", "--out", str(t / "th")],
         r"training diverged at step \d+ \(batch loss \S+, first \S+\): lower the learning rate "
         r"\(--lr, now 1e\+06\)",
+    ),
+    Case(
+        "theory-init-overflows",
+        "theory --init 1e308 (the initial loss overflows: not the learning rate's fault)",
+        lambda t: ["theory", "--init", "1e308", "--steps", "5", "--quiet", "--out", str(t / "th")],
+        r"the loss of the initial weights is nan, not a number: lower the init scale "
+        r"\(--init, now 1e\+308; the theory wants a small one\)",
+    ),
+    Case(
+        "theory-seed-negative",
+        "theory --seed -1",
+        lambda t: ["theory", "--seed", "-1", "--out", str(t / "th")],
+        r"--seed must be 0 or more \(a NumPy seed\), got -1",
     ),
     Case(
         "ablate-empty",
@@ -1185,7 +1224,44 @@ CASES = [
         ],
         r"head L5H0 is not in the model: it has 2 layers x 4 heads",
     ),
+    Case(
+        "explain-out-in-a-run",
+        "explain --out naming a run directory (its report.json would be overwritten)",
+        lambda t: [
+            "explain",
+            "--model",
+            "smollm2",
+            "--task",
+            "ioi",
+            "--heads",
+            "L0H1",
+            "--out",
+            str(_run_dir(t)),
+        ],
+        r"--out \S+run is inside the run directory \S+run, whose report\.json explain would "
+        r"overwrite: give a folder of its own",
+    ),
+    # ------------------------------------------------------------------ summarize --json
+    Case(
+        "summarize-json-in-another-run",
+        "summarize --json into a run directory not among those summarized",
+        lambda t: ["summarize", str(t / "a"), "--json", str(_run_dir(t) / "summary.json")],
+        r"--json \S+summary\.json is inside the run directory \S+run: write the summary elsewhere",
+    ),
+    Case(
+        "summarize-json-folder",
+        "summarize --json naming a folder",
+        lambda t: ["summarize", str(t / "a"), "--json", str(t)],
+        r"--json \S+ is a folder: give a file name, e\.g\. summary\.json",
+    ),
 ]
+
+
+def _run_dir(tmp: Path) -> Path:
+    """A folder holding a run's manifest.json (its content is never read by these checks)."""
+    (tmp / "run").mkdir()
+    _write(tmp / "run", "manifest.json", b"{}\n")
+    return tmp / "run"
 
 
 def _chat_run(tmp: Path, template: str) -> list[str]:

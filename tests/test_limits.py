@@ -174,13 +174,14 @@ def test_a_resumed_run_refuses_prompts_that_render_differently(tmp_path, monkeyp
     task = PlantedTask("generate")
     task.chat = True
 
-    def run(until):
+    def run(until, seed=0):
         return localize(
             tmp_path / "run",
             lambda t, ref: LMEvaluator(model, t, batch_size=8, spec="planted"),
             task,
             n_discovery=6,
             n_heldout=6,
+            seed=seed,
             until=until,
             progress=False,
             command="test",
@@ -189,6 +190,8 @@ def test_a_resumed_run_refuses_prompts_that_render_differently(tmp_path, monkeyp
     run("baseline")
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert set(manifest["prompt_hashes"]) == {"discovery", "heldout"}
+    with pytest.raises(RunDirError, match=r"describes a different run \(seed: 0 there, 1 now\)"):
+        run("screen", seed=1)  # other panels render other prompts: the option is named, not them
     run("screen")  # the same day: resumes
     FixedDay.day = 2  # the template now writes "y" instead of "x"
     try:

@@ -7,6 +7,7 @@ run records the file's sha256, so resuming it on a changed file is refused.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -241,3 +242,46 @@ def test_measure_benchmarks_two_processes_merge_and_refuse_other_settings(tmp_pa
     with pytest.raises(SystemExit, match=r"has results but no old.jsonl.settings.json"):
         script["main"]([*base, "--out", str(tmp_path / "d.jsonl"), "--merge",
                         str(tmp_path / "old.jsonl")])  # fmt: skip
+
+
+def test_a_device_or_fifo_is_refused_before_it_is_read(tmp_path):
+    """/dev/zero never ends and a FIFO blocks forever: both are refused by their file kind."""
+    fifo = tmp_path / "items.jsonl"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (Path("/dev/zero"), "a character device")):
+        with pytest.raises(OptionError) as err:
+            FileTask(path)
+        assert str(err.value).startswith(f"{path}: {kind}, not a regular file"), err.value
+
+
+def test_a_task_file_over_the_size_cap_is_refused(tmp_path, monkeypatch):
+    from cel_numpy.tasks import filetask
+
+    path = write(tmp_path, CHOICE)
+    monkeypatch.setattr(filetask, "MAX_TASK_FILE_BYTES", path.stat().st_size - 1)
+    with pytest.raises(OptionError, match=r"bytes, more than a task file can be"):
+        FileTask(path)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+        (
+            '{"id": 1, "prompt": "x", "choices": ["a", "b"], "answer": ' + "9" * 5000 + "}",
+            "an integer of more than 4,300 digits",
+        ),
+        (
+            '{"id": 1, "prompt": "\\ud800", "choices": ["a", "b"], "answer": 0}',
+            "half of a surrogate pair",
+        ),
+    ],
+    ids=["nesting", "huge integer", "lone surrogate"],
+)
+def test_json_the_parser_refuses_is_one_line_naming_file_and_line(tmp_path, line, message):
+    path = tmp_path / "items.jsonl"
+    path.write_text(json.dumps(CHOICE[1]) + "\n" + line + "\n")
+    with pytest.raises(OptionError) as err:
+        FileTask(path)
+    text = str(err.value)
+    assert text.startswith(f"{path}:2: ") and message in text and "\n" not in text, text

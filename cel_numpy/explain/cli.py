@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from cel_numpy.explain import explain, render_markdown, write_explanation
 from cel_numpy.heads import parse_heads
+from cel_numpy.outdir import out_arg
 
 DESCRIPTION = """Why removing a head set helps (or hurts) a task, head by head, on the held-out
 panel `cel-numpy test-heads` draws with the same --discovery, --heldout and --seed: where each
@@ -40,7 +39,13 @@ def register(subparsers) -> None:
         help="discovery size the panels are drawn with (100, as test-heads); never evaluated",
     )
     p.add_argument("--seed", type=int, default=0, help="panel seed (0)")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="output directory")
+    p.add_argument(
+        "--out",
+        required=True,
+        type=out_arg,
+        metavar="DIR",
+        help="output directory (never a run directory: its report.json is the run's)",
+    )
     p.add_argument("--batch-size", type=int, default=8, help="prompts per forward (8)")
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.set_defaults(func=run)
@@ -52,7 +57,7 @@ def run(args) -> int:
     from cel_numpy.localize.cli import check_model_name, check_panel_sizes, check_prompt_lengths
     from cel_numpy.localize.routine import build_panels
     from cel_numpy.models.loaders import load_model
-    from cel_numpy.outdir import prepare_out
+    from cel_numpy.outdir import prepare_out, run_directory_holding
     from cel_numpy.tasks import get_task
 
     if args.model == "theory" or args.model.startswith("theory:"):
@@ -68,6 +73,12 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise OptionError(f"--batch-size must be at least 1, got {args.batch_size}")
     check_panel_sizes(task, [], args.discovery, args.heldout)
+    run_dir = run_directory_holding(args.out)
+    if run_dir is not None:
+        raise OptionError(
+            f"--out {args.out} is inside the run directory {run_dir}, whose report.json explain "
+            "would overwrite: give a folder of its own, e.g. --out explain/my-heads"
+        )
     out = prepare_out(args.out)
     model = load_model(args.model)
     if model.tokenizer is None:

@@ -15,6 +15,7 @@ from cel_numpy.localize.fast import MAX_BATCH_TOKENS
 from cel_numpy.localize.ranking import TIE_BREAKS, check_null_set_count, check_null_sets
 from cel_numpy.localize.routine import MATCHED_POOL, SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
+from cel_numpy.outdir import out_arg
 from cel_numpy.tasks import CODE_TASKS, TASKS
 
 MAX_SAMPLED_PANEL = (
@@ -82,7 +83,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--out",
         required=True,
-        type=Path,
+        type=out_arg,
         metavar="DIR",
         help="run directory (created; reused to resume)",
     )
@@ -1133,7 +1134,7 @@ def register_test_heads(subparsers) -> None:
         "never evaluated",
     )
     p.add_argument("--seed", type=int, default=0, help="panel seed (default 0)")
-    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="run directory")
+    p.add_argument("--out", required=True, type=out_arg, metavar="DIR", help="run directory")
     p.add_argument(
         "--stage",
         default="report",

@@ -369,10 +369,10 @@ def check_or_write_manifest(run_dir: Path, manifest: dict) -> dict:
         json_dump(path, manifest)
         return manifest
     old = read_manifest(run_dir)
-    check_prompt_hashes(path, old.get("prompt_hashes"), manifest.get("prompt_hashes"))
-    difference = manifest_difference(old, manifest)
+    difference = manifest_difference(old, manifest)  # first: a changed seed changes the prompts
     if difference is not None:
         raise RunDirError(f"{path} describes a different run ({difference}); use a fresh --out")
+    check_prompt_hashes(path, old.get("prompt_hashes"), manifest.get("prompt_hashes"))
     return old
 
 

@@ -258,16 +258,21 @@ def distinct_dirs(run_dirs) -> tuple[list[Path], list[Path]]:
 
 
 def check_output_path(out: Path, run_dirs) -> None:
-    """An output file inside a run directory would overwrite (or pose as) that run's files:
-    refused, before anything is read."""
+    """An output file inside a run directory (given or not) would overwrite, or pose as, that
+    run's files; a folder is not a file: both refused, before anything is read."""
+    from cel_numpy.outdir import run_directory_holding
+
     target = Path(out).resolve()
-    for d in map(Path, run_dirs):
+    holder = run_directory_holding(target)
+    for d in [*map(Path, run_dirs), *([holder] if holder else [])]:
         root = d.resolve()
         if target == root or root in target.parents:
             raise OptionError(
                 f"--json {out} is inside the run directory {d}: write the summary elsewhere "
                 "(a run directory holds only what its run wrote)"
             )
+    if target.is_dir():
+        raise OptionError(f"--json {out} is a folder: give a file name, e.g. summary.json")
 
 
 def summarize(run_dirs) -> dict:

@@ -209,6 +209,11 @@ def encode_before_weights(texts: list[tuple[str, str, int]], encoded: dict[str, 
         if tokenizer is None:
             return  # Model.encode says so once the model is built
         for text, what, extra in texts:
+            if extra >= config.n_ctx:  # no prompt fits: shortening it cannot help
+                raise OptionError(
+                    f"--max-new-tokens {extra} leaves no room for a prompt in the model's "
+                    f"context of {config.n_ctx:,} tokens: give at most {config.n_ctx - 1:,}"
+                )
             why = f"that the context of {config.n_ctx} leaves with --max-new-tokens {extra}"
             check_text_fits(tokenizer, text, config.n_ctx - extra, what, why if extra else "")
             encoded[text] = tokenizer.encode(text)

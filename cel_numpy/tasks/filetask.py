@@ -45,7 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from cel_numpy.errors import OptionError
+from cel_numpy.limits import read_bytes_limited
 from cel_numpy.tasks.base import Item
+
+MAX_TASK_FILE_BYTES = 256 << 20  # all 10,042 HellaSwag validation items are about 12 MB
 
 ITEM_KEYS = {"id", "prompt", "choices", "answer", "answers", "cluster", "subtask", "meta"}
 OPTION_DEFAULTS = {
@@ -66,12 +69,19 @@ class FileTask:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
-            data = self.path.read_bytes()
+            self.path.stat()
         except OSError as e:
             raise OptionError(
                 f"--task {path}: cannot read the task file ({e.strerror or e}); give a .jsonl "
                 "file of items (docs/tasks.md)"
             ) from None
+        data = read_bytes_limited(  # a regular file only: /dev/zero or a FIFO never ends
+            self.path,
+            "task file",
+            max_bytes=MAX_TASK_FILE_BYTES,
+            error=OptionError,
+            hint="give a .jsonl file of items (docs/tasks.md)",
+        )
         self.sha256 = hashlib.sha256(data).hexdigest()
         try:
             text = data.decode("utf-8")
@@ -103,9 +113,23 @@ class FileTask:
     def _json(self, n: int, line: str) -> dict:
         try:
             row = json.loads(line)
+            json.dumps(row, ensure_ascii=False).encode("utf-8")  # a lone "\\ud800" fails here
         except json.JSONDecodeError as e:
             raise OptionError(
                 f"{self._where(n)}: not valid JSON ({e.msg}, column {e.colno}); one object per line"
+            ) from None
+        except UnicodeEncodeError:
+            raise OptionError(
+                f"{self._where(n)}: a \\u escape names half of a surrogate pair, which is not "
+                "text; write the character itself"
+            ) from None
+        except RecursionError:
+            raise OptionError(
+                f"{self._where(n)}: JSON nested too deeply; an item is flat"
+            ) from None
+        except ValueError:  # Python refuses to parse an integer of more than 4,300 digits
+            raise OptionError(
+                f"{self._where(n)}: an integer of more than 4,300 digits; write smaller numbers"
             ) from None
         if not isinstance(row, dict):
             raise OptionError(f"{self._where(n)}: a line must be a JSON object, got {row!r:.40}")

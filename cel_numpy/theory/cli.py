@@ -92,6 +92,8 @@ def check_memory(args) -> None:
 def _config(args) -> TrainConfig:
     if not 0.0 <= args.p_a <= 1.0:
         raise OptionError(f"--p-a must lie in [0, 1], got {args.p_a}")
+    if args.seed < 0:
+        raise OptionError(f"--seed must be 0 or more (a NumPy seed), got {args.seed}")
     if args.eval_samples < 100:
         raise OptionError(f"--eval-samples must be >= 100, got {args.eval_samples}")
     if not 1 <= args.heads <= MAX_HEADS:

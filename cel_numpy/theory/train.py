@@ -121,6 +121,11 @@ def train(config: TrainConfig, rng: np.random.Generator, progress: bool = False)
         batch = sample_batch(batch_rng, world, config.batch_size)
         loss, grads = loss_and_grads(params, batch)
         first_loss = loss if first_loss is None else first_loss
+        if step == 1 and not np.isfinite(loss):  # before any update: the initial weights
+            raise DivergenceError(
+                f"the loss of the initial weights is {loss:.3g}, not a number: lower the init "
+                f"scale (--init, now {config.init_scale:g}; the theory wants a small one)"
+            )
         if not np.isfinite(loss) or loss > DIVERGED * max(first_loss, 1e-3):
             raise DivergenceError(
                 f"training diverged at step {step} (batch loss {loss:.3g}, first "
