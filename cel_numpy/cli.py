@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 from cel_numpy.errors import UserError, one_line, safe_text
 from cel_numpy.limits import safe_for_terminal
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"cel-numpy {args.command}"
     _never_fail_on_output()
     previous = _catch_sigterm()
+    new_out = _new_folder(getattr(args, "out", None))
     try:
         with warnings.catch_warnings():
             if not debug:  # overflow/invalid: non-finite weights and logits are errors of their own
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         # OSError: a disk that filled up, a file that vanished -- the OS message names the file.
         if debug:
             raise
+        _remove_if_left_empty(new_out)
         _say(f"{prefix}: error: {one_line(_message(err))}")
         return EXIT_USER_ERROR
     except Exception as err:  # a bug: one line here, the traceback with --debug
@@ -145,6 +148,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _new_folder(out) -> Path | None:
+    """--out when it does not exist yet: a refused command removes the empty folder it made."""
+    if out is None or not str(out).strip():
+        return None
+    try:
+        return None if Path(out).exists() else Path(out)
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_if_left_empty(folder: Path | None) -> None:
+    """A command refused after creating `folder` (the check that --out is writable comes
+    first) leaves nothing behind; a folder with anything in it is kept."""
+    if folder is None:
+        return
+    try:
+        folder.rmdir()  # only an empty directory: anything written stays
+    except OSError:
+        pass
 
 
 def _replace_unprintable(err: UnicodeError):

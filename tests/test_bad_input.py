@@ -863,6 +863,37 @@ CASES = [
         r"--matched-gate gates the matched null: it needs --matched-null R",
     ),
     Case(
+        "null-seed-alone",
+        "localize --null-seed without --null-sets (no null would run)",
+        lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--null-seed", "3"),
+        r"--null-seed has no effect without --null-sets N: add it, or drop --null-seed",
+    ),
+    Case(
+        "candidates-without-gradient",
+        "localize --candidates 50 with the exact screen",
+        lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--candidates", "50"),
+        r"--candidates has no effect without --screen gradient: add it, or drop --candidates",
+    ),
+    Case(
+        "resample-seed-alone",
+        "test-heads --resample-seed without --ablation resample",
+        lambda t: [
+            "test-heads",
+            "--model",
+            "smollm2",
+            "--task",
+            "agreement",
+            "--heads",
+            "L1H1",
+            "--resample-seed",
+            "1",
+            "--out",
+            str(t / "run"),
+        ],
+        r"--resample-seed has no effect without --ablation resample: add it, or drop "
+        r"--resample-seed",
+    ),
+    Case(
         "stage-unknown",
         "localize --stage joint-search",
         lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--stage", "joint-search"),
@@ -1701,3 +1732,16 @@ if __name__ == "__main__":  # print the rows of the table in docs/bad_input.md
 
     with tempfile.TemporaryDirectory() as tmp:
         print("\n".join(table_rows(Path(tmp))))
+
+
+def test_a_refused_command_leaves_no_empty_out_folder(tmp_path):
+    """--out is created first (to prove it writable); a refusal after that removes it again
+    when nothing was written, and keeps a folder that existed or holds anything."""
+    (tmp_path / "empty").mkdir()
+    argv = _localize(str(tmp_path / "empty"), tmp_path / "new" / "run", "--task", "ioi")
+    status, err = run_cli(argv)
+    assert status == 2 and "no config.json" in err, err
+    assert not (tmp_path / "new" / "run").exists() and (tmp_path / "new").is_dir()
+    (tmp_path / "kept").mkdir()
+    status, _ = run_cli(_localize(str(tmp_path / "empty"), tmp_path / "kept", "--task", "ioi"))
+    assert status == 2 and (tmp_path / "kept").is_dir()

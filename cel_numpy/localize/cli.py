@@ -18,6 +18,8 @@ from cel_numpy.models.loaders import KNOWN_NAMES
 from cel_numpy.outdir import out_arg
 from cel_numpy.tasks import CODE_TASKS, TASKS
 
+DEFAULT_CANDIDATES = 30  # --screen gradient: heads screened exactly
+
 MAX_SAMPLED_PANEL = (
     100_000  # items per panel of a sampled (theory) task: beyond this, memory, not insight
 )
@@ -144,7 +146,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--candidates",
         type=int,
-        default=30,
+        default=DEFAULT_CANDIDATES,
         metavar="K",
         help="with --screen gradient: heads screened exactly (default 30, at least 10)",
     )
@@ -620,6 +622,39 @@ def lm_setup(args, task, cross, evaluator_options: dict | None = None):
     return task, cross, make_evaluator, model
 
 
+def check_companions(args) -> None:
+    """An option that only qualifies another one is refused without it, not silently ignored
+    (a --null-seed without --null-sets would run no null at all)."""
+    needs = [
+        (args.null_seed is not None and not args.null_sets, "--null-seed", "--null-sets N"),
+        (
+            args.matched_seed is not None and not args.matched_null,
+            "--matched-seed",
+            "--matched-null R",
+        ),
+        (
+            args.matched_pool != MATCHED_POOL and not args.matched_null,
+            "--matched-pool",
+            "--matched-null R",
+        ),
+        (
+            args.candidates != DEFAULT_CANDIDATES and args.screen != "gradient",
+            "--candidates",
+            "--screen gradient",
+        ),
+        (
+            getattr(args, "resample_seed", None) is not None and args.ablation != "resample",
+            "--resample-seed",
+            "--ablation resample",
+        ),
+    ]
+    for given_alone, option, companion in needs:
+        if given_alone:
+            raise OptionError(
+                f"{option} has no effect without {companion}: add it, or drop {option}"
+            )
+
+
 def check_options(args) -> None:
     """Everything that needs no model, before any work (OptionError, one line)."""
     from cel_numpy.localize.routine import STAGES
@@ -672,6 +707,7 @@ def check_options(args) -> None:
         raise OptionError(
             f"--candidates must be >= 10 (the number of nominees), got {args.candidates}"
         )
+    check_companions(args)  # after the range checks: a bad value is named first
     if fold_option(args) is not None and is_theory(args.model):
         raise OptionError(
             "--fold: the theory tasks draw fresh samples (no finite cluster space to split into "
@@ -1183,7 +1219,7 @@ def register_test_heads(subparsers) -> None:
         func=run_test_heads,
         cross_tasks="none",
         screen="exact",
-        candidates=30,
+        candidates=DEFAULT_CANDIDATES,
         tie_break=None,
         matched_null=0,
         matched_pool=MATCHED_POOL,
