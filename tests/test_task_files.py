@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -285,3 +286,27 @@ def test_json_the_parser_refuses_is_one_line_naming_file_and_line(tmp_path, line
         FileTask(path)
     text = str(err.value)
     assert text.startswith(f"{path}:2: ") and message in text and "\n" not in text, text
+
+
+def test_an_answer_longer_than_max_new_tokens_is_refused_naming_the_item(tmp_path):
+    """The tiny Llama's vocabulary is characters: an answer of 6 letters needs 6 tokens (the
+    separator's space joins the prompt), more than max_new_tokens 3, unless a shorter accepted
+    answer fits."""
+    model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))
+    rows = [{"options": {"separator": " ", "max_new_tokens": 3}}]
+    rows += [{"id": k, "prompt": f"Item {k} says", "answer": "ab"} for k in range(11)]
+    rows += [{"id": "long", "prompt": "Item L says", "answer": "abcdef", "answers": ["ab"]}]
+    path = write(tmp_path, rows, "gen.jsonl")
+    argv = ["test-heads", "--model", str(model), "--task", str(path), "--heads", "L0H1",
+            "--discovery", "4", "--heldout", "8", "--out", str(tmp_path / "ok")]  # fmt: skip
+    status, err = run_cli(argv)
+    assert status == 0, err  # "ab" fits
+    rows[-1] = {"id": "long", "prompt": "Item L says", "answer": "abcdef"}
+    write(tmp_path, rows, "gen.jsonl")
+    argv[argv.index("--out") + 1] = str(tmp_path / "refused")
+    status, err = run_cli(argv)
+    assert status == 2 and re.search(
+        r"item 'long' \((discovery|heldout) panel\) needs 6 tokens", err
+    )
+    assert "more than max_new_tokens 3: it could never be scored correct" in err
+    assert not (tmp_path / "refused").exists()

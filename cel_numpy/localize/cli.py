@@ -555,6 +555,30 @@ def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> int:
     return longest
 
 
+def check_answers_reachable(model, tasks: dict, panels: dict) -> None:
+    """A generate item of a task file whose every accepted answer needs more tokens than the
+    file's max_new_tokens can never be scored correct: refused, naming the item.
+
+    The tokens an answer needs are those it adds after the prompt (and the separator), as the
+    tokenizer splits the two together. Chat prompts (rendered by the template) are not checked."""
+    for name, items in panels.items():
+        task = tasks[name]
+        accepted = getattr(task, "accepted", None)
+        if task.scoring != "generate" or accepted is None or getattr(task, "chat", False):
+            continue
+        for it in items:
+            start = it.prompt + task.separator
+            base = len(model.encode(start))
+            need = min(len(model.encode(start + a)) - base for a in accepted[it.id])
+            if need > task.max_new_tokens:
+                raise OptionError(
+                    f"task {task.name!r}: item {task.file_ids[it.id]!r} ({name} panel) needs "
+                    f"{need} tokens for its shortest answer, more than max_new_tokens "
+                    f"{task.max_new_tokens}: it could never be scored correct; raise "
+                    "max_new_tokens in the file's options line, or drop the item"
+                )
+
+
 def lm_setup(args, task, cross, evaluator_options: dict | None = None):
     """(task, cross tasks, make_evaluator, model) for a real language model. `evaluator_options`
     (extra LMEvaluator keywords) is read when each evaluator is made, so a caller may fill it
@@ -598,6 +622,7 @@ def lm_setup(args, task, cross, evaluator_options: dict | None = None):
             for name, t in tasks.items()
         },
     )
+    check_answers_reachable(model, tasks, panels)
     full_logits = args.screen == "gradient" or args.gradient_agreement  # test-heads: both off
     check_batch_memory(
         args.batch_size, longest, model.config, model.dtype.itemsize, full_logits=full_logits
