@@ -90,7 +90,9 @@ def parse_heads(spec, *, what: str = "", repeats: bool = False) -> Heads:
         spec = spec.tolist()
     if isinstance(spec, str):
         if not spec.strip():
-            raise _fail(what, f"an empty head list: {HOW} (or 'intact' for none)")
+            # a set to test or explain needs a head; elsewhere no head is a condition of its own
+            none = "" if what in ("--heads", "heads") else " (or 'intact' for none)"
+            raise _fail(what, f"an empty head list: {HOW}{none}")
         heads = _parse_name(spec, what)
     elif isinstance(spec, (tuple, list)) and len(spec) == 2 and all(_is_int(x) for x in spec):
         heads = _parse_item(spec, what)  # (3, 1): one head

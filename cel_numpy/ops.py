@@ -244,7 +244,8 @@ def finite_argmax(logits: np.ndarray) -> np.ndarray:
 
 NON_FINITE_LOGITS = (
     "the model produced non-finite logits (NaN or Inf), which are never scored: its weights "
-    "overflow in this dtype (try float64) or the model file is damaged"
+    "overflow in this dtype (try float64: generate and attention --dtype float64, or "
+    "load_model(..., dtype='float64')) or the model file is damaged"
 )
 
 

@@ -241,16 +241,28 @@ def check_attention_size(n: int, n_conditions: int, T: int) -> None:
     width, height = figure_pixels(n, n_conditions, T)
     if width * height <= MAX_FIGURE_PIXELS:
         return
-    fits = next(
+    fits = _most_tokens(n, n_conditions, T)
+    what = "one head" if n == 1 else f"{n} heads"
+    one = _most_tokens(1, n_conditions, T)  # --head helps only if one head fits at this length
+    other = ""
+    if n > 1:
+        other = (
+            " (or draw one head with --head)"
+            if one == T
+            else f" (one head with --head: at most {one})"
+        )
+    raise PromptError(
+        f"a picture of {what} on {T} tokens would be {width:,} x {height:,} pixels, more than "
+        f"{MAX_FIGURE_PIXELS // 10**6} million: give a text of at most {fits} tokens{other}"
+    )
+
+
+def _most_tokens(n: int, n_conditions: int, T: int) -> int:
+    """The longest text, at most T tokens, whose figure of n heads fits MAX_FIGURE_PIXELS."""
+    return next(
         t
         for t in range(T, 0, -1)
         if math.prod(figure_pixels(n, n_conditions, t)) <= MAX_FIGURE_PIXELS
-    )
-    what = "one head" if n == 1 else f"{n} heads"
-    raise PromptError(
-        f"a picture of {what} on {T} tokens would be {width:,} x {height:,} pixels, more than "
-        f"{MAX_FIGURE_PIXELS // 10**6} million: give a text of at most {fits} tokens"
-        + (" (or draw one head with --head)" if n > 1 else "")
     )
 
 

@@ -456,7 +456,7 @@ CASES = [
             "--model",
             str(edit_config(copy_fixture(t, "tiny_llama"), rms_norm_eps=10**400)),
         ],
-        r"tiny_llama/config\.json: norm_eps must be a positive number, got 100000000000\.\.\. "
+        r"tiny_llama/config\.json: rms_norm_eps must be a positive number, got 100000000000\.\.\. "
         r"\(401 digits\)",
     ),
     Case(
@@ -690,7 +690,8 @@ CASES = [
             "none",
         ),
         r"a prompt of task 'capitals' \((discovery|heldout) panel\) is \d+ characters, at least "
-        r"\d+ tokens: more than the 64 tokens of the model's context: shorten it",
+        r"\d+ tokens: more than the 64 tokens of the model's context: use a model with a longer "
+        r"context or another task \(a task file: shorten the item\)",
     ),
     # ------------------------------------------------------------------ options
     Case(
@@ -977,7 +978,13 @@ CASES = [
         "theory --init 1e308 (the initial loss overflows: not the learning rate's fault)",
         lambda t: ["theory", "--init", "1e308", "--steps", "5", "--quiet", "--out", str(t / "th")],
         r"the loss of the initial weights is nan, not a number: lower the init scale "
-        r"\(--init, now 1e\+308; the theory wants a small one\)",
+        r"\(now 1e\+308: --init, or --sweep-scales in a sweep; the theory wants a small one\)",
+    ),
+    Case(
+        "theory-sweep-scales-inf",
+        "theory --sweep-init --sweep-scales 1e-3,inf",
+        lambda t: ["theory", "--sweep-init", "--sweep-scales", "1e-3,inf", "--out", str(t / "th")],
+        r"--sweep-scales must be finite numbers > 0, got '1e-3,inf'",
     ),
     Case(
         "theory-seed-negative",
@@ -1076,7 +1083,7 @@ CASES = [
             str(t / "a.png"),
         ],
         r"a picture of 4 heads on 400 tokens would be [\d,]+ x [\d,]+ pixels, more than 60 "
-        r"million: give a text of at most \d+ tokens \(or draw one head with --head\)",
+        r"million: give a text of at most 347 tokens \(one head with --head: at most 392\)",
     ),
     Case(
         "batch-size-memory",
@@ -1220,6 +1227,23 @@ CASES = [
             str(t / "x"),
         ],
         r"explain reads a language model's attention and unembedding: give --model smollm2",
+    ),
+    Case(
+        "test-heads-empty-heads",
+        "test-heads --heads '' (a set to test needs a head; 'intact' is no set)",
+        lambda t: [
+            "test-heads",
+            "--model",
+            "theory",
+            "--task",
+            "A",
+            "--heads",
+            "",
+            "--out",
+            str(t / "run"),
+        ],  # fmt: skip
+        r"--heads: an empty head list: write heads as L3H1 \(layer 3, head 1, counted from 0\), "
+        r"several as L3H1\+L5H0$",
     ),
     Case(
         "explain-no-heads",

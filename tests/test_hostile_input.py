@@ -346,6 +346,6 @@ def test_overflowing_logits_are_one_line_without_numpy_warnings(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         "cel-numpy generate: error: the model produced non-finite logits (NaN or Inf), which are "
-        "never scored: its weights overflow in this dtype (try float64) or the model file is "
-        "damaged"
+        "never scored: its weights overflow in this dtype (try float64: generate and attention "
+        "--dtype float64, or load_model(..., dtype='float64')) or the model file is damaged"
     ], proc.stderr

@@ -430,6 +430,11 @@ def test_long_text_is_refused_by_its_length_before_encoding_and_before_the_weigh
     line = one_clean_line(err)
     assert status == 2 and "the prompt is 50 tokens; with --max-new-tokens 16" in line, line
     assert encoded == [" t" * 30 + "x" * 20]  # encoded once, the weights never read
+    text = " t" * 40 + "x" * 30  # 70 tokens: attention generates nothing, so names no cap
+    status, err = run_cli(["attention", "--model", str(folder), text, "--layer", "0",
+                           "--out", str(tmp_path / "b.png")])  # fmt: skip
+    line = one_clean_line(err)
+    assert status == 2 and "the text is 70 tokens, more than the model's context of 64" in line
 
 
 def test_the_heap_merge_equals_gpt2s_loop():

@@ -274,7 +274,11 @@ def test_matched_gate_is_refused_after_the_heldout_result_and_never_hides_record
     run, ungated = matched_run
     out = tmp_path / "run"
     _run(out, null_sets=4, matched_null=300, matched_pool=12, until="heldout")
-    with pytest.raises(UserError, match="given after the held-out result exists"):
+    with pytest.raises(UserError, match="given after the held-out result exists") as err:
+        _run(out, null_sets=4, matched_null=300, matched_pool=12, matched_gate=1e-12)
+    assert str(err.value).endswith("run without it (the matched null then runs)")  # none recorded
+    (out / "matched-gate.json").write_text('{"gate": 0.05, "set_before": "heldout"}')
+    with pytest.raises(UserError, match=r"or with the recorded one \(0\.05\)$"):
         _run(out, null_sets=4, matched_null=300, matched_pool=12, matched_gate=1e-12)
     shutil.copytree(run, tmp_path / "done")
     (tmp_path / "done" / "matched-gate.json").write_text('{"gate": 1e-12}')  # as if recorded

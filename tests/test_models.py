@@ -322,6 +322,25 @@ def test_config_validation_and_roundtrip():
         ModelConfig(**{**cfg.to_dict(), "family": "mamba"})
 
 
+@pytest.mark.parametrize(
+    "fixture, key, value, message",
+    [
+        ("tiny_llama", "num_hidden_layers", 0, "num_hidden_layers must be a positive integer"),
+        ("tiny_llama", "num_key_value_heads", 3, "num_key_value_heads=3 must divide num_attenti"),
+        ("tiny_llama", "max_position_embeddings", -1, "max_position_embeddings must be a positi"),
+        ("tiny_gpt2", "n_layer", 0, "n_layer must be a positive integer, got 0"),
+        ("tiny_gpt2", "layer_norm_epsilon", -1.0, "layer_norm_epsilon must be a positive number"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_value_is_named_as_the_file_names_it(fixture, key, value, message):
+    """ModelConfig checks its own fields (n_layers, n_kv_heads, ...); an error from a
+    config.json names the key the file has, for the file's family."""
+    hf = json.loads((FIXTURES / fixture / "config.json").read_text())
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_hf_config({**hf, key: value})
+    assert str(err.value).startswith(message), err.value
+
+
 def test_tied_unembedding_is_a_view():
     model = load("tiny_llama_tied")
     assert np.shares_memory(model.params["unembed"]["W_U"], model.params["embed"]["W_E"])

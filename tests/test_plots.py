@@ -142,3 +142,23 @@ def test_cli_attention_writes_a_png(tmp_path, capsys):
         assert capsys.readouterr().err == f"cel-numpy attention: error: {message}\n"
     assert run_cli(argv[:-1] + [str(tmp_path / "a.pdf")]) == 2
     assert "must be a .png file" in capsys.readouterr().err
+
+
+def test_a_picture_too_large_suggests_one_head_only_where_one_head_fits():
+    """4 heads on 360 tokens: one head fits, so --head is the other way out; on 400 tokens one
+    head does not fit either, and the message says how many tokens it would take."""
+    from cel_numpy.errors import PromptError
+    from cel_numpy.plots import MAX_FIGURE_PIXELS, check_attention_size, figure_pixels
+
+    assert (
+        np.prod(figure_pixels(1, 1, 360)) <= MAX_FIGURE_PIXELS < np.prod(figure_pixels(1, 1, 400))
+    )
+    with pytest.raises(PromptError, match=r"at most 347 tokens \(or draw one head with --head\)$"):
+        check_attention_size(4, 1, 360)
+    with pytest.raises(
+        PromptError, match=r"at most 347 tokens \(one head with --head: at most 392\)$"
+    ):
+        check_attention_size(4, 1, 400)
+    assert (
+        np.prod(figure_pixels(1, 1, 392)) <= MAX_FIGURE_PIXELS < np.prod(figure_pixels(1, 1, 393))
+    )

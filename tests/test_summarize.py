@@ -128,6 +128,24 @@ def test_a_report_that_is_not_a_json_object_is_one_line(runs, tmp_path, capsys, 
     assert words in _err(capsys)
 
 
+def test_the_advice_for_a_damaged_report_repairs_it(runs, tmp_path, capsys, trained_theory):  # noqa: F811
+    """ "rerun the run's command with the same --out": the report stage rewrites report.json
+    from the kept records, so the damaged run summarizes again, with the same numbers."""
+    (run,) = _copy(runs, tmp_path, "b")
+    before = summarize([run])["rows"][0]
+    (run / "report.json").write_text("[1, 2]")
+    assert main(["summarize", str(run)]) == 2
+    assert "rerun the run's command (in its manifest.json) with the same --out" in _err(capsys)
+    params, world = trained_theory
+    localize(run, lambda t, ref: TheoryEvaluator(params, t), TheoryTask("A", world),
+             n_discovery=60, n_heldout=80, seed=2, cross_tasks=[], progress=False,
+             command="t")  # fmt: skip
+    after = summarize([run])["rows"][0]
+    assert {k: v for k, v in after.items() if k != "seconds"} == {
+        k: v for k, v in before.items() if k != "seconds"
+    }
+
+
 def test_a_report_that_is_not_a_regular_file_is_refused(runs, tmp_path, capsys):
     import os
 

@@ -310,3 +310,23 @@ def test_an_answer_longer_than_max_new_tokens_is_refused_naming_the_item(tmp_pat
     )
     assert "more than max_new_tokens 3: it could never be scored correct" in err
     assert not (tmp_path / "refused").exists()
+
+
+def test_a_fold_too_small_at_two_folds_does_not_advise_fewer_folds(tmp_path):
+    """Three clusters in two folds leave one fold a single cluster; --folds 2 is the least, so
+    the advice is to run without folds (at --folds 3 and more: fewer folds)."""
+    from cel_numpy.tasks.panels import check_fold
+
+    rows = [{"id": k, "prompt": f"Item {k} says", "choices": ["a", "b"], "answer": 0,
+             "cluster": f"c{k % 3}"} for k in range(9)]  # fmt: skip
+    task = FileTask(write(tmp_path, rows))
+    messages = []
+    for fold in [(k, 2) for k in range(2)] + [(k, 3) for k in range(3)]:
+        try:
+            check_fold(task, fold)
+        except OptionError as err:
+            messages.append((fold[1], str(err)))
+    assert any(K == 2 for K, _ in messages) and any(K == 3 for K, _ in messages), messages
+    for K, text in messages:
+        fix = "run without --fold and --folds, or add clusters" if K == 2 else "use fewer --folds"
+        assert text.endswith(fix), text

@@ -16,7 +16,7 @@ from cel_numpy.localize.ranking import TIE_BREAKS, check_null_set_count, check_n
 from cel_numpy.localize.routine import MATCHED_POOL, SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
 from cel_numpy.outdir import out_arg
-from cel_numpy.tasks import CODE_TASKS, TASKS
+from cel_numpy.tasks import CODE_TASKS, TASKS, FileTask
 
 DEFAULT_CANDIDATES = 30  # --screen gradient: heads screened exactly
 
@@ -539,18 +539,18 @@ def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> int:
     """Every prompt (with its longest choice, or its generated answer) fits the model's context;
     returns the longest such length in tokens."""
     n_ctx = model.config.n_ctx
+    fix = "use a model with a longer context or another task (a task file: shorten the item)"
     longest = 1
     for name, items in panels.items():
         for it in items:
             text = it.prompt + max(it.choices, key=len, default="")
-            model.check_text_length(text, f"a prompt of task {it.task!r} ({name} panel)")
+            model.check_text_length(text, f"a prompt of task {it.task!r} ({name} panel)", fix)
             n = len(model.encode(text)) + max_new_tokens.get(name, 0)
             longest = max(longest, n)
             if n > n_ctx:
                 raise PromptError(
                     f"task {it.task!r} ({name} panel): a prompt needs {n} tokens with its answer, "
-                    f"more than the model's context of {n_ctx} tokens: use a model with a longer "
-                    "context or another task"
+                    f"more than the model's context of {n_ctx} tokens: {fix}"
                 )
     return longest
 
@@ -563,9 +563,9 @@ def check_answers_reachable(model, tasks: dict, panels: dict) -> None:
     tokenizer splits the two together. Chat prompts (rendered by the template) are not checked."""
     for name, items in panels.items():
         task = tasks[name]
-        accepted = getattr(task, "accepted", None)
-        if task.scoring != "generate" or accepted is None or getattr(task, "chat", False):
+        if not isinstance(task, FileTask) or task.scoring != "generate" or task.chat:
             continue
+        accepted = task.accepted
         for it in items:
             start = it.prompt + task.separator
             base = len(model.encode(start))

@@ -1072,10 +1072,13 @@ class Localizer:
             return
         if rd.stage_paths(self.out, "heldout")[1].exists():
             there = "" if recorded is None else f" (recorded: {recorded.get('gate')})"
+            other = (
+                "" if recorded is None else f", or with the recorded one ({recorded.get('gate')})"
+            )
             raise UserError(
                 f"--matched-gate {self.matched_gate:g} is given after the held-out result "
                 f"exists{there}: a gate must be fixed before the result it gates; run "
-                "without it (the matched null then runs), or with the recorded one"
+                f"without it (the matched null then runs){other}"
             )
         rd.json_dump(path, {"gate": self.matched_gate, "set_before": "heldout"})
 

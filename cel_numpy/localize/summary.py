@@ -52,9 +52,14 @@ def _check(cond: bool, path: Path, field: str, value, want: str) -> None:
     if not cond:
         shown = "missing (or null)" if value is None else repr(value)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        fix = (  # the report stage rewrites report.json from the records; a manifest is the run
+            "with the same --out: its report stage rewrites report.json from the kept records"
+            if Path(path).name == "report.json"
+            else "with a fresh --out"
+        )
         raise RunDirError(
             f"{path}: {field} is {shown}, not {want}: not a report cel-numpy wrote (edited or "
-            "damaged); rerun the run's command (in its manifest.json) with a fresh --out"
+            f"damaged); rerun the run's command (in its manifest.json) {fix}"
         )
 
 

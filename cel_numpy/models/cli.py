@@ -193,10 +193,14 @@ def check_prompt(ids: list[int], max_new_tokens: int, n_ctx: int, what: str = "t
     if not ids:
         raise PromptError(f"{what} encodes to no tokens: give some text")
     if len(ids) + max_new_tokens > n_ctx:
+        generated = (  # a text nothing is generated after (attention, a reference) has no cap
+            f"; with --max-new-tokens {max_new_tokens} that is {len(ids) + max_new_tokens}"
+            if max_new_tokens
+            else ""
+        )
         raise PromptError(
-            f"{what} is {len(ids)} tokens; with --max-new-tokens {max_new_tokens} that is "
-            f"{len(ids) + max_new_tokens}, more than the model's context of {n_ctx} tokens: "
-            "shorten it"
+            f"{what} is {len(ids)} tokens{generated}, more than the model's context of {n_ctx} "
+            "tokens: shorten it"
         )
 
 

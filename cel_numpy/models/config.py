@@ -29,6 +29,7 @@ dictionary that `to_dict` writes (the `.npz` export's `config_json`). GGUF metad
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, fields, replace
 
 from cel_numpy.errors import ConfigError
@@ -247,13 +248,30 @@ class ModelConfig:
                 f"unsupported architecture {str(model_type or archs)!r} in config.json; "
                 f"supported model_type: {', '.join(HF_ARCHITECTURES)}"
             )
-        if model_type == "gpt2":
-            return _gpt2_from_hf(hf, name)
-        if model_type == "qwen2":
-            return _qwen2_from_hf(hf, name)
-        if model_type == "gemma3_text":
-            return _gemma3_from_hf(hf, name)
-        return _llama_from_hf(hf, name)
+        read = {"gpt2": _gpt2_from_hf, "qwen2": _qwen2_from_hf, "gemma3_text": _gemma3_from_hf}
+        try:
+            return read.get(model_type, _llama_from_hf)(hf, name)
+        except ConfigError as err:  # say n_layer or num_hidden_layers, as the file does
+            raise ConfigError(in_file_terms(str(err), HF_ARCHITECTURES[model_type])) from None
+
+
+# What a config.json calls the fields ModelConfig checks, per family (where the names differ).
+HF_KEYS = {
+    "gpt2": {"n_layers": "n_layer", "n_heads": "n_head", "n_kv_heads": "n_head",
+             "d_model": "n_embd", "d_mlp": "n_inner", "n_ctx": "n_positions",
+             "norm_eps": "layer_norm_epsilon"},
+    "llama": {"n_layers": "num_hidden_layers", "n_heads": "num_attention_heads",
+              "n_kv_heads": "num_key_value_heads", "d_model": "hidden_size", "d_head": "head_dim",
+              "d_mlp": "intermediate_size", "n_ctx": "max_position_embeddings",
+              "norm_eps": "rms_norm_eps", "rope_base": "rope_theta",
+              "query_scale": "query_pre_attn_scalar", "rope_local_base": "rope_local_base_freq"},
+}  # fmt: skip
+
+
+def in_file_terms(message: str, family: str) -> str:
+    """`message` with each ModelConfig field named by its config.json key for `family`."""
+    keys = HF_KEYS.get(family, {})
+    return re.sub(r"\b[a-z_]+\b", lambda m: keys.get(m.group(0), m.group(0)), message)
 
 
 def _gpt2_from_hf(hf: dict, name: str) -> ModelConfig:

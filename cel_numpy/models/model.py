@@ -52,7 +52,9 @@ from cel_numpy.ops import finite_argmax
 ABLATIONS = ("zero", "mean")
 
 
-def check_text_fits(tokenizer, text, n_tokens: int, what: str = "the text", why: str = "") -> None:
+def check_text_fits(
+    tokenizer, text, n_tokens: int, what: str = "the text", why: str = "", fix: str = "shorten it"
+) -> None:
     """PromptError when `text` needs more than n_tokens tokens by its length alone (checked
     without encoding it; see tokenizer.token_lower_bound). why: where n_tokens comes from,
     default the model's context."""
@@ -63,7 +65,7 @@ def check_text_fits(tokenizer, text, n_tokens: int, what: str = "the text", why:
     if bound > n_tokens:
         raise PromptError(
             f"{what} is {len(text):,} characters, at least {bound:,} tokens: more than the "
-            f"{n_tokens:,} tokens {why}: shorten it"
+            f"{n_tokens:,} tokens {why}: {fix}"
         )
 
 
@@ -165,10 +167,11 @@ class Model:
     def encode(self, text: str) -> list[int]:
         return self._require_tokenizer().encode(text)
 
-    def check_text_length(self, text, what: str = "the text") -> None:
+    def check_text_length(self, text, what: str = "the text", fix: str = "shorten it") -> None:
         """PromptError, before encoding, when `text` is too long for the context whatever its
-        tokens (`tokenizer.token_lower_bound`): a 2 MB text is refused at once, not encoded."""
-        check_text_fits(self.tokenizer, text, self.config.n_ctx, what)
+        tokens (`tokenizer.token_lower_bound`): a 2 MB text is refused at once, not encoded.
+        fix: the advice (a task's prompt cannot be shortened by whoever runs it)."""
+        check_text_fits(self.tokenizer, text, self.config.n_ctx, what, fix=fix)
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._require_tokenizer().decode([int(i) for i in ids])

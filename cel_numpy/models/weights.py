@@ -486,7 +486,11 @@ def check_finite(value: np.ndarray, name: str, where: str, source_finite: bool =
     why = (
         "the file is damaged: download it again"
         if not source_finite
-        else f"finite in the file but too large for {value.dtype}: load it as float64"
+        else (
+            f"finite in the file but too large for {value.dtype}: load it as float64 (generate "
+            "and attention --dtype float64, or load_model(..., dtype='float64'); the other "
+            "commands run float32 only)"
+        )
     )
     raise ModelFileError(
         f"{where}: tensor {name} holds {bad} non-finite values (NaN or Inf) of {value.size}; {why}"

@@ -73,7 +73,7 @@ def check_fold(task: Task, fold: Fold | None) -> None:
         if len(in_fold) < 2:
             raise OptionError(
                 f"task {task.name!r}: {K} folds leave fold {k} {len(in_fold)} cluster(s), and a "
-                "discovery and a held-out panel need one each: use fewer --folds"
+                f"discovery and a held-out panel need one each: {fewer_folds(K)}"
             )
         return
     if not isinstance(task, TemplateTask):
@@ -87,8 +87,13 @@ def check_fold(task: Task, fold: Fold | None) -> None:
             raise OptionError(
                 f"task {task.name!r} has {n} clusters: {K} folds leave fold {k} "
                 f"{_pool_size(task, subtask, fold)}, and a discovery and a held-out panel need "
-                "one each: use fewer --folds"
+                f"one each: {fewer_folds(K)}"
             )
+
+
+def fewer_folds(K: int) -> str:
+    """The fix for a fold too small to split: fewer folds, or none at --folds 2 (the least)."""
+    return "use fewer --folds" if K > 2 else "run without --fold and --folds, or add clusters"
 
 
 def _fold_seed(task: TemplateTask, K: int) -> int:

@@ -125,8 +125,8 @@ def _parse_scales(text: str) -> list[float]:
         scales = [float(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise OptionError(f"--sweep-scales must be comma-separated numbers, got {text!r}") from None
-    if not scales or any(s <= 0 for s in scales):
-        raise OptionError(f"--sweep-scales must be positive numbers, got {text!r}")
+    if not scales or not all(0 < s < math.inf for s in scales):  # nan fails both
+        raise OptionError(f"--sweep-scales must be finite numbers > 0, got {text!r}")
     return scales
 
 

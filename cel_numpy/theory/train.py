@@ -124,7 +124,8 @@ def train(config: TrainConfig, rng: np.random.Generator, progress: bool = False)
         if step == 1 and not np.isfinite(loss):  # before any update: the initial weights
             raise DivergenceError(
                 f"the loss of the initial weights is {loss:.3g}, not a number: lower the init "
-                f"scale (--init, now {config.init_scale:g}; the theory wants a small one)"
+                f"scale (now {config.init_scale:g}: --init, or --sweep-scales in a sweep; the "
+                "theory wants a small one)"
             )
         if not np.isfinite(loss) or loss > DIVERGED * max(first_loss, 1e-3):
             raise DivergenceError(
