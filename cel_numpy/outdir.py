@@ -27,10 +27,19 @@ def out_arg(text: str) -> Path:
 
 
 def run_directory_holding(path: str | os.PathLike) -> Path | None:
-    """The nearest folder at or above `path` that holds a run's manifest.json, or None."""
+    """The nearest folder at or above `path` whose manifest.json is a cel-numpy run's (its
+    "format" says so; any other project's manifest.json is no run), or None."""
+    from cel_numpy.limits import read_json
+
     target = Path(path).resolve()
     for folder in (target, *target.parents):
-        if (folder / "manifest.json").is_file():
+        if not (folder / "manifest.json").is_file():
+            continue
+        try:
+            manifest = read_json(folder / "manifest.json", "run manifest", error=OptionError)
+        except OptionError:
+            continue  # unreadable: not evidence of a run
+        if isinstance(manifest, dict) and str(manifest.get("format", "")).startswith("cel-numpy"):
             return folder
     return None
 

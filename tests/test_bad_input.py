@@ -1313,9 +1313,9 @@ CASES = [
 
 
 def _run_dir(tmp: Path) -> Path:
-    """A folder holding a run's manifest.json (its content is never read by these checks)."""
+    """A folder holding a run's manifest.json (these checks read only its format)."""
     (tmp / "run").mkdir()
-    _write(tmp / "run", "manifest.json", b"{}\n")
+    _write(tmp / "run", "manifest.json", b'{"format": "cel-numpy.localize/2"}\n')
     return tmp / "run"
 
 
@@ -1769,3 +1769,33 @@ def test_a_refused_command_leaves_no_empty_out_folder(tmp_path):
     (tmp_path / "kept").mkdir()
     status, _ = run_cli(_localize(str(tmp_path / "empty"), tmp_path / "kept", "--task", "ioi"))
     assert status == 2 and (tmp_path / "kept").is_dir()
+
+
+def test_only_a_cel_numpy_manifest_marks_a_run_directory(tmp_path):
+    """explain --out and summarize --json refuse a folder inside a run; another project's
+    manifest.json (or an unreadable one) higher up is no run and refuses nothing."""
+    from cel_numpy.outdir import run_directory_holding
+
+    (tmp_path / "manifest.json").write_text('{"name": "a web extension"}')
+    assert run_directory_holding(tmp_path / "out" / "x.json") is None
+    (tmp_path / "manifest.json").write_text("[" * 100_000)
+    assert run_directory_holding(tmp_path / "out") is None
+    (tmp_path / "manifest.json").write_text('{"format": "cel-numpy.localize/2"}')
+    assert run_directory_holding(tmp_path / "out" / "x.json") == tmp_path.resolve()
+
+
+@pytest.mark.parametrize(
+    "extra, option, companion",
+    [
+        (["--matched-seed", "4"], "--matched-seed", "--matched-null R"),
+        (["--matched-pool", "400"], "--matched-pool", "--matched-null R"),
+    ],
+)
+def test_a_matched_null_option_without_the_matched_null_is_refused(tmp_path, extra, option,
+                                                                   companion):  # fmt: skip
+    status, err = run_cli(_localize("theory", tmp_path / "run", "--task", "A", *extra))
+    assert status == 2 and f"{option} has no effect without {companion}" in err, err
+    model = f"theory:{theory_params(tmp_path)}"
+    argv = _localize(model, tmp_path / "run", "--task", "A", *extra, "--matched-null", "20")
+    status, err = run_cli([*argv, "--stage", "baseline"])
+    assert status == 0, err  # with its companion the option is taken

@@ -341,6 +341,22 @@ def test_a_bad_config_value_is_named_as_the_file_names_it(fixture, key, value, m
     assert str(err.value).startswith(message), err.value
 
 
+def test_a_config_field_the_file_does_not_have_is_named_by_where_it_came_from():
+    """head_dim absent: d_head is derived, and said so; a GPT-2 file with n_ctx (not
+    n_positions) is named by n_ctx; a quoted value is never renamed."""
+    llama = json.loads((FIXTURES / "tiny_llama" / "config.json").read_text())
+    llama = {k: v for k, v in llama.items() if k != "head_dim"}
+    with pytest.raises(ConfigError, match=r"^rotary needs an even d_head \(hidden_size / num_"):
+        ModelConfig.from_hf_config({**llama, "hidden_size": 4, "num_attention_heads": 4,
+                                    "num_key_value_heads": 2})  # fmt: skip
+    gpt2 = json.loads((FIXTURES / "tiny_gpt2" / "config.json").read_text())
+    gpt2 = {k: v for k, v in gpt2.items() if k != "n_positions"}
+    with pytest.raises(ConfigError, match=r"^n_ctx must be a positive integer, got 0"):
+        ModelConfig.from_hf_config({**gpt2, "n_ctx": 0})
+    with pytest.raises(ConfigError, match=r"'n_layers d_model'"):
+        ModelConfig.from_hf_config({**llama, "hidden_act": "n_layers d_model"})
+
+
 def test_tied_unembedding_is_a_view():
     model = load("tiny_llama_tied")
     assert np.shares_memory(model.params["unembed"]["W_U"], model.params["embed"]["W_E"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import copy_fixture, run_cli, with_tokenizer
+from helpers import copy_fixture, rewrite_safetensors, run_cli, with_tokenizer
 
 from cel_numpy.errors import OptionError
 from cel_numpy.localize.evaluate import LMEvaluator
@@ -330,3 +330,41 @@ def test_a_fold_too_small_at_two_folds_does_not_advise_fewer_folds(tmp_path):
     for K, text in messages:
         fix = "run without --fold and --folds, or add clusters" if K == 2 else "use fewer --folds"
         assert text.endswith(fix), text
+
+
+def test_an_answer_a_space_merges_into_counts_the_tokens_generation_needs(tmp_path):
+    """With the merge " ta" (one token) the bare answer "ta" is two tokens but the model can
+    write " ta", which is correct once stripped: one token, so max_new_tokens 1 is enough. With
+    the separator " " the prompt's trailing space must not be counted as if it were free: "tt"
+    after a space is " t" + "t", two tokens, more than 1."""
+    from helpers import tiny_chat_model
+
+    from cel_numpy.models.tokenizer import bytes_to_unicode
+
+    folder = tiny_chat_model(tmp_path / "m", "x")
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    space = bytes_to_unicode()[32]
+    spec["model"]["vocab"][space + "ta"] = 96  # a 97th token: one more embedding row
+    spec["model"]["merges"] += [f"{space}t a"]
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 97}))
+
+    def one_more_row(w):
+        for name in ("lm_head.weight", "model.embed_tokens.weight"):
+            w[name] = np.concatenate([w[name], w[name][:1]])
+
+    rewrite_safetensors(folder, one_more_row)
+
+    def run(options, answer, out):
+        rows = [{"options": {"max_new_tokens": 1, **options}}]
+        rows += [{"id": k, "prompt": f"Item {k} says", "answer": answer} for k in range(12)]
+        path = write(tmp_path, rows, "gen.jsonl")
+        argv = ["test-heads", "--model", str(folder), "--task", str(path), "--heads", "L0H1",
+                "--discovery", "4", "--heldout", "8", "--out", str(tmp_path / out)]  # fmt: skip
+        return run_cli(argv)
+
+    status, err = run({}, "ta", "merged")
+    assert status == 0, err
+    status, err = run({"separator": " "}, "tt", "unmerged")
+    assert status == 2 and "needs 2 tokens for its shortest answer" in err, err

@@ -556,20 +556,36 @@ def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> int:
 
 
 def check_answers_reachable(model, tasks: dict, panels: dict) -> None:
-    """A generate item of a task file whose every accepted answer needs more tokens than the
-    file's max_new_tokens can never be scored correct: refused, naming the item.
+    """A generate item of a task file none of whose accepted answers fits in the file's
+    max_new_tokens can never be scored correct: refused, naming the item.
 
-    The tokens an answer needs are those it adds after the prompt (and the separator), as the
-    tokenizer splits the two together. Chat prompts (rendered by the template) are not checked."""
+    Generation continues the prompt's own tokens and the output is compared stripped, so an
+    answer may come with no lead, a space or the file's separator; its cost is the fewest
+    tokens any of these takes after the prompt's ids, as `scoring.reference_ids` counts them
+    (the prompt and answer encoded together where the prompt's ids are a prefix of that, else
+    the answer alone). Chat prompts (rendered by the template) are not checked."""
+    tok = model.tokenizer
+    bos = [tok.bos_id] if getattr(tok, "add_bos", False) else []
+
+    def cost(prompt_ids: list[int], prompt: str, continuation: str) -> int:
+        full = model.encode(prompt + continuation)
+        if full[: len(prompt_ids)] == prompt_ids and len(full) > len(prompt_ids):
+            return len(full) - len(prompt_ids)
+        alone = model.encode(continuation)
+        return len(alone) - (1 if bos and alone[:1] == bos else 0)
+
     for name, items in panels.items():
         task = tasks[name]
         if not isinstance(task, FileTask) or task.scoring != "generate" or task.chat:
             continue
-        accepted = task.accepted
+        leads = {"", " ", task.separator}
         for it in items:
-            start = it.prompt + task.separator
-            base = len(model.encode(start))
-            need = min(len(model.encode(start + a)) - base for a in accepted[it.id])
+            prompt_ids = model.encode(it.prompt)
+            need = min(
+                cost(prompt_ids, it.prompt, lead + a)
+                for a in task.accepted[it.id]
+                for lead in leads
+            )
             if need > task.max_new_tokens:
                 raise OptionError(
                     f"task {task.name!r}: item {task.file_ids[it.id]!r} ({name} panel) needs "

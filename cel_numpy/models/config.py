@@ -252,7 +252,7 @@ class ModelConfig:
         try:
             return read.get(model_type, _llama_from_hf)(hf, name)
         except ConfigError as err:  # say n_layer or num_hidden_layers, as the file does
-            raise ConfigError(in_file_terms(str(err), HF_ARCHITECTURES[model_type])) from None
+            raise ConfigError(in_file_terms(str(err), HF_ARCHITECTURES[model_type], hf)) from None
 
 
 # What a config.json calls the fields ModelConfig checks, per family (where the names differ).
@@ -268,10 +268,19 @@ HF_KEYS = {
 }  # fmt: skip
 
 
-def in_file_terms(message: str, family: str) -> str:
-    """`message` with each ModelConfig field named by its config.json key for `family`."""
+def in_file_terms(message: str, family: str, hf: dict) -> str:
+    """`message` with each ModelConfig field named by its config.json key for `family`, where
+    the file has that key (a field derived from others says from what); quoted values stay."""
     keys = HF_KEYS.get(family, {})
-    return re.sub(r"\b[a-z_]+\b", lambda m: keys.get(m.group(0), m.group(0)), message)
+    derived = {"d_head": "d_head (hidden_size / num_attention_heads)"} if family == "llama" else {}
+
+    def name(match: re.Match) -> str:
+        word = match.group(0)
+        if word.startswith("'") or word not in keys:
+            return word
+        return keys[word] if keys[word] in hf else derived.get(word, word)
+
+    return re.sub(r"'[^']*'|\b[a-z_]+\b", name, message)
 
 
 def _gpt2_from_hf(hf: dict, name: str) -> ModelConfig:
