@@ -116,12 +116,22 @@ def test_choice_logliks_match_transformers(name):
     contexts, conts, parent = ref["contexts"], ref["continuations"], ref["parent"]
     conds = [tuple(tuple(h) for h in c) for c in ref["conditions"]]
 
-    def score(logits):
-        return [continuation_logprob(lg, c) for lg, c in zip(logits, conts)]
+    def score(k, logits):
+        return continuation_logprob(logits, conts[k])
 
-    for share in (True, False):
+    rows = [len(c) + 1 for c in conts]  # unembedded rows per continuation
+    # one GEMM per continuation; a group splitting a condition's continuations; all at once
+    for share, unembed_rows in ((True, 1), (False, 1), (True, sum(rows) - 1), (True, 10**6)):
         got = score_continuations(
-            prepare(model), contexts, conts, parent, conds, None, score, share_prefix=share
+            prepare(model),
+            contexts,
+            conts,
+            parent,
+            conds,
+            None,
+            score,
+            share_prefix=share,
+            unembed_rows=unembed_rows,
         )
         np.testing.assert_allclose(got, ref["loglik"], atol=1e-4, rtol=0)
     for cond, want in zip(conds, ref["loglik"]):

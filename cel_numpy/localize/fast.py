@@ -272,8 +272,8 @@ def _choice_tree(ev, prep, items, conds, scores, fill) -> None:
                 conts.append(cont)
                 slots.append((i, j))
 
-        def score(logits, conts=conts):  # per row (A + 1, V) -> its total log-probability
-            return [continuation_logprob(lg, cont) for lg, cont in zip(logits, conts)]
+        def score(k, logits, conts=conts):  # row k's (A + 1, V) -> its total log-probability
+            return continuation_logprob(logits, conts[k])
 
         per_cond = score_continuations(
             prep,

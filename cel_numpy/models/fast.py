@@ -1201,35 +1201,68 @@ def score_continuations(
     parent: Sequence[int],
     conds: Sequence[Condition],
     fill: np.ndarray | None,
-    score: Callable[[list[np.ndarray]], object],
+    score: Callable[[int, np.ndarray], object],
     *,
     share_prefix: bool = True,
     max_rows: int = 8192,
     unembed_rows: int = 512,
     cache: IntactCache | None = None,
-) -> list:
-    """Teacher-forced continuations of shared contexts under every condition: score(logits) per
-    condition, in the given order.
+) -> list[list]:
+    """Teacher-forced continuations of shared contexts under every condition: out[k][c] =
+    score(c, logits of continuation c under conds[k]).
 
     contexts[b] (non-empty) are token ids; continuation c (non-empty) follows context
     parent[c]. Each context runs once per condition, however many continuations follow it
     (`continuation_tree`: a HellaSwag context and its four endings), and the unembedding runs
-    only at the continuation rows' positions. `score` gets a list over continuations c of
-    logits (A_c + 1, V), right-aligned like `localize.scoring`: rows 0..A_c - 1 predict the
-    continuation's tokens (row 0 is at the context's last token), row A_c what follows it.
+    only at the continuation rows' positions. `score` gets c and its logits (A_c + 1, V),
+    right-aligned like `localize.scoring`: rows 0..A_c - 1 predict the continuation's tokens
+    (row 0 is at the context's last token), row A_c what follows it.
+
+    The unembedding runs in GEMMs of at most `unembed_rows` rows (a longer continuation alone),
+    across continuations and conditions, and each continuation is scored as soon as its logits
+    exist: the (rows, V) logits alive at once stay within `unembed_rows` x V whatever the batch
+    (a batch of 16 HellaSwag items is about 1,600 rows; at Gemma 3's 262,144-token vocabulary
+    one condition's logits at once were 1.7 GB).
     """
     segments = continuation_tree(prep, contexts, continuations, parent, share_prefix)
     intact = _intact(prep, segments, slice(None), cache)
     conds = [tuple(sorted(c)) for c in conds]
     per_wave = max(1, max_rows // max(1, _tokens(segments)))
     real = segments[-1].valid  # (C, n)
-    row_ends = np.cumsum(real.sum(axis=1))[:-1]  # where each row's logits end, row-major
-    scored: dict[Condition, object] = {}
+    scored: dict[Condition, list] = {}
     for wave in _waves(conds, per_wave):
         final, _ = ablated_tree(prep, intact, wave, fill)
-        for _, c, logits in _unembed_rows(prep, wave, final, real, unembed_rows):
-            scored[c] = score(np.split(logits, row_ends))
+        for c, k, logits in _unembed_continuations(prep, wave, final, real, unembed_rows):
+            scored.setdefault(c, [None] * len(real))[k] = score(k, logits)
     return [scored[c] for c in conds]
+
+
+def row_groups(sizes: Sequence[int], max_rows: int) -> list[range]:
+    """Consecutive runs of `sizes` whose sum stays within `max_rows`; a size larger than that
+    alone."""
+    groups, start, total = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > start and total + n > max_rows:
+            groups.append(range(start, i))
+            start, total = i, 0
+        total += n
+    if len(sizes) > start:
+        groups.append(range(start, len(sizes)))
+    return groups
+
+
+def _unembed_continuations(prep, wave, final, real, unembed_rows: int):
+    """(condition, continuation k, logits (A_k + 1, V)) for every condition of the wave and
+    every continuation row k of the last segment (`real` (C, n) marks its real positions), from
+    unembedding GEMMs of at most `unembed_rows` rows each (`row_groups`)."""
+    pairs = [(c, k) for c in wave for k in range(len(real))]
+    sizes = [int(real[k].sum()) for _, k in pairs]
+    for group in row_groups(sizes, unembed_rows):
+        rows = [final[pairs[i][0]][pairs[i][1]][real[pairs[i][1]]] for i in group]  # (A_k + 1, D)
+        logits = _unembed(prep, np.concatenate(rows), None)  # (sum of the group's rows, V)
+        ends = np.cumsum([sizes[i] for i in group])[:-1]
+        for i, lg in zip(group, np.split(logits, ends)):
+            yield (*pairs[i], lg)
 
 
 def _verify(b, cond, parent, cont, draft_len, greedy, n_read, stop, verify=True):
