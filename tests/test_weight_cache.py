@@ -206,3 +206,30 @@ def test_intact_cache_budget_is_half_the_memory_left_per_worker():
     assert intact_cache_budget(3 * GiB, GiB, 2, 2 * GiB) == GiB  # nothing spare: the default
     assert intact_cache_budget(None, 0, 1) == GiB  # memory unknown: the default
     assert intact_cache_budget(1 << 40, 0, 1) == 16 * GiB  # capped
+
+
+def test_activation_bytes_counts_each_priced_array_once():
+    """The per-worker price of activations (`workers.activation_bytes`) against its terms
+    written out for Gemma 3 270M's shapes (config.json of google/gemma-3-270m): the batch's
+    intact pass, one wave's layer, two attention blocks, three unembedding slabs, the
+    interpreter; a vocabulary 1,000 tokens larger costs exactly 3 x 512 x 1,000 floats more."""
+    from dataclasses import replace
+
+    from cel_numpy.localize.workers import INTERPRETER_BYTES, activation_bytes, memory_split
+    from cel_numpy.models.config import ModelConfig
+
+    gemma = ModelConfig(
+        family="llama", n_layers=18, n_heads=4, n_kv_heads=1, d_model=640, d_head=256,
+        d_mlp=2048, vocab_size=262_144, n_ctx=32_768, norm_eps=1e-6,
+    )  # fmt: skip
+    intact = 4096 * 18 * (640 + 4 * 256 + 2 * 256) * 4
+    wave = 8192 * (3 * 640 + 4 * 256 + 2 * 256 + 3 * 2048) * 4
+    unembed = 3 * 512 * 262_144 * 4
+    want = intact + wave + unembed + 2 * (256 << 20) + INTERPRETER_BYTES
+    assert activation_bytes(gemma) == want
+    bigger = replace(gemma, vocab_size=263_144)
+    assert activation_bytes(bigger) - activation_bytes(gemma) == 3 * 512 * 1000 * 4
+    assert activation_bytes(gemma, batch_tokens=2048) == want - intact // 2
+    GB = 10**9
+    assert memory_split(GB, True, 2 * GB, want) == (GB, want + 2 * GB)
+    assert memory_split(GB, False, 2 * GB, want) == (0, want + 2 * GB + GB)

@@ -767,13 +767,15 @@ def make_worker_pool(
     shared: bool = True,
     quiet: bool = False,
     intact_gigabytes: float | None = None,
+    activations: int | None = None,
 ):
     """The process pool for --workers N|auto (None for one process); says the plan on stderr.
 
     auto: one worker per core, capped by the available memory (`workers.auto_workers`): the
     model's `weights` bytes count once when they are `shared` (mapped from the weight cache),
-    else once per worker, and each worker counts the intact passes it may keep
-    (`intact_gigabytes`, --intact-memory, in place of the 1 GiB default); one process for the
+    else once per worker, and each worker counts its `activations` (`workers.activation_bytes`
+    of the model) and the intact passes it may keep (`intact_gigabytes`, --intact-memory, in
+    place of the 1 GiB default); one process for the
     theory model (no `weights`: its evaluations take milliseconds, workers would only add their
     start-up). N larger than the cores: a warning.
     """
@@ -786,7 +788,8 @@ def make_worker_pool(
         workers = 1
     if workers == "auto":
         intact = None if intact_gigabytes is None else int(intact_gigabytes * 1e9)
-        plan = auto_workers(cores, available_memory(), *memory_split(weights, shared, intact))
+        split = memory_split(weights, shared, intact, activations)
+        plan = auto_workers(cores, available_memory(), *split)
         say(f"cel-numpy: --workers auto: {plan.describe()}")
         workers = plan.workers
     if workers <= 1:
@@ -843,28 +846,47 @@ def _prepare(args):
             if args.ablation == "resample":
                 resample_donors([it.cluster for it in heldout], resample_seed(args))
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
-    weights, shared, evaluator_options = 0, True, {}
+    weights, shared, activations, evaluator_options = 0, True, None, {}
     if theory:
         task, cross, make_evaluator = theory_setup(args, which, cross_names)
     else:
+        from cel_numpy.localize.workers import activation_bytes
+
         task, cross, make_evaluator, model = lm_setup(args, task, cross, evaluator_options)
         weights, shared = model.weight_bytes(), model.weight_cache is not None
+        activations = activation_bytes(model.config)
     executor = make_worker_pool(
-        args.workers, weights, shared, quiet=args.quiet, intact_gigabytes=args.intact_memory
+        args.workers,
+        weights,
+        shared,
+        quiet=args.quiet,
+        intact_gigabytes=args.intact_memory,
+        activations=activations,
     )
     if not theory:
         evaluator_options["intact_cache_bytes"] = intact_cache_plan(
-            executor, weights, shared, quiet=args.quiet, gigabytes=args.intact_memory
+            executor,
+            weights,
+            shared,
+            quiet=args.quiet,
+            gigabytes=args.intact_memory,
+            activations=activations,
         )
     return task, cross, make_evaluator, executor
 
 
 def intact_cache_plan(
-    executor, weights: int, shared: bool, quiet: bool = False, gigabytes: float | None = None
+    executor,
+    weights: int,
+    shared: bool,
+    quiet: bool = False,
+    gigabytes: float | None = None,
+    activations: int | None = None,
 ) -> int:
     """The intact passes each evaluator may keep: `gigabytes` (--intact-memory) when given,
     else `workers.intact_cache_budget` (the weights count once when `shared`, else once per
-    worker); said on stderr when given or above the default."""
+    worker; each worker's `activations` as in `make_worker_pool`); said on stderr when given or
+    above the default."""
     from cel_numpy.limits import available_memory
     from cel_numpy.localize.workers import intact_cache_budget, memory_split
     from cel_numpy.models.fast import INTACT_CACHE_BYTES
@@ -872,9 +894,9 @@ def intact_cache_plan(
     workers = getattr(executor, "n_workers", 1) if executor is not None else 1
     if gigabytes is not None:
         budget, why = int(gigabytes * 1e9), "(--intact-memory)"
-        warn_if_memory_short(workers, *memory_split(weights, shared, budget))
+        warn_if_memory_short(workers, *memory_split(weights, shared, budget, activations))
     else:
-        once, per_worker = memory_split(weights, shared)
+        once, per_worker = memory_split(weights, shared, None, activations)
         budget = intact_cache_budget(available_memory(), once, workers, per_worker)
         why = (
             f"(half the memory left for {workers} worker{'s' if workers != 1 else ''}), so "

@@ -37,17 +37,45 @@ import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 
-from cel_numpy.models.fast import INTACT_CACHE_BYTES
+from cel_numpy.models.fast import ATTENTION_BLOCK_BYTES, INTACT_CACHE_BYTES, UNEMBED_ROWS, WAVE_ROWS
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_SECONDS = 1.0
-# Memory a screening worker needs besides the weights: its activations, the intact passes it
-# keeps (INTACT_CACHE_BYTES, 1 GiB, counted here; `intact_cache_budget` gives more when memory
-# allows) and its interpreter. A SmolLM2
-# capitals screen at D=50 peaked at 2.6 GiB resident in one process, 0.8 GiB of it weights
-# (docs/results/bench/bench-capitals50-final.txt): rounded up. At D=10 a second worker added
-# 0.22 GiB (docs/results/bench/cores-memory.txt).
-WORKER_BYTES = INTACT_CACHE_BYTES + (1 << 30)
+# Memory a screening worker needs besides the weights when nothing says which model runs: its
+# activations (1 GiB; `activation_bytes` prices them from the model's shapes) and the intact
+# passes it keeps (INTACT_CACHE_BYTES, 1 GiB; `intact_cache_budget` gives more when memory
+# allows). A SmolLM2 capitals screen at D=50 peaked at 2.6 GiB resident in one process, 0.8 GiB
+# of it weights (docs/results/bench/bench-capitals50-final.txt).
+DEFAULT_ACTIVATION_BYTES = 1 << 30
+WORKER_BYTES = INTACT_CACHE_BYTES + DEFAULT_ACTIVATION_BYTES
+INTERPRETER_BYTES = 300 << 20  # Python, NumPy, the tokenizer and the task's items
+
+
+def activation_bytes(config, batch_tokens: int | None = None, itemsize: int = 4) -> int:
+    """Bytes one evaluator of a model with `config` (a ModelConfig) computes with at its peak,
+    besides the weights (mapped, counted once) and the intact passes it keeps (its budget):
+
+      the batch's intact pass   batch_tokens x L x (D + H E + 2 G E): each layer's residual,
+                                head outputs and K/V, kept while the batch's conditions run
+                                (batch_tokens: `localize.fast.MAX_BATCH_TOKENS`, 4096)
+      one wave's layer          WAVE_ROWS x (3 D + (H + 2 G) E + 3 F): residual, its norm,
+                                Q/K/V and the gated MLP's hidden rows of every stacked condition
+      attention scores          2 x ATTENTION_BLOCK_BYTES (scores and their softmax)
+      the unembedding           3 x UNEMBED_ROWS x V: logits and the scorer's float64 copy
+      the interpreter           INTERPRETER_BYTES
+
+    float32 (`itemsize` 4). An upper bound by construction: these are the largest arrays each
+    step holds, summed as if they were alive at once. `bench/bench_worker_memory.py` prints it
+    beside a measured peak."""
+    from cel_numpy.localize.fast import MAX_BATCH_TOKENS
+
+    c = config
+    tokens = MAX_BATCH_TOKENS if batch_tokens is None else batch_tokens
+    kv = 2 * c.n_kv_heads * c.d_head
+    intact = tokens * c.n_layers * (c.d_model + c.n_heads * c.d_head + kv)
+    wave = WAVE_ROWS * (3 * c.d_model + c.n_heads * c.d_head + kv + 3 * c.d_mlp)
+    unembed = 3 * UNEMBED_ROWS * c.vocab_size
+    return (intact + wave + unembed) * itemsize + 2 * ATTENTION_BLOCK_BYTES + INTERPRETER_BYTES
 
 
 def available_cores() -> int:
@@ -82,14 +110,17 @@ class WorkerPlan:
         )
 
 
-def memory_split(weights: int, shared: bool, intact_bytes: int | None = None) -> tuple[int, int]:
+def memory_split(
+    weights: int, shared: bool, intact_bytes: int | None = None, activations: int | None = None
+) -> tuple[int, int]:
     """(bytes counted once, bytes per worker) for a model of `weights` bytes: the weights count
-    once when `shared` (mapped from the weight cache), else once per worker beside
-    WORKER_BYTES, whose 1 GiB of intact passes becomes `intact_bytes` when the user sets the
-    budget (--intact-memory; None: the default)."""
+    once when `shared` (mapped from the weight cache), else once per worker; each worker counts
+    its `activations` (`activation_bytes` of the model; None: DEFAULT_ACTIVATION_BYTES) and the
+    intact passes it keeps: `intact_bytes` when the user sets the budget (--intact-memory),
+    else INTACT_CACHE_BYTES (None)."""
     intact = INTACT_CACHE_BYTES if intact_bytes is None else intact_bytes
-    per_worker = WORKER_BYTES - INTACT_CACHE_BYTES + intact
-    return (weights if shared else 0), per_worker + (0 if shared else weights)
+    working = DEFAULT_ACTIVATION_BYTES if activations is None else activations
+    return (weights if shared else 0), working + intact + (0 if shared else weights)
 
 
 def auto_workers(

@@ -739,13 +739,20 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
     return IntactTree(segments, resid_pre, zs, kvs, resid_final=xs[0], readout=readout)
 
 
+# Token rows of one wave of stacked conditions (`generate_conditions`, `score_continuations`),
+# and rows of one unembedding GEMM: with the batch's intact pass, what bounds an evaluator's
+# activations (`cel_numpy.localize.workers.activation_bytes` prices them).
+WAVE_ROWS = 8192
+UNEMBED_ROWS = 512
+
+
 # What an IntactCache keeps by default (the evaluator's default; `localize` sizes a larger
 # budget from free memory, `cel_numpy.localize.workers.intact_cache_budget`).
 INTACT_CACHE_BYTES = 1 << 30
 
 
 # Memory the machine must still have available for an intact pass to be kept (IntactCache): room
-# for the activations of two workers' next batches (workers.WORKER_BYTES allows 1 GiB each
+# for the activations of two workers' next batches (workers.activation_bytes prices each
 # besides their kept passes), so a cache never grows into the memory that computing needs.
 INTACT_CACHE_FLOOR = 2 * 2**30
 
@@ -1098,8 +1105,8 @@ def generate_conditions(
     score: Callable[[np.ndarray], object] | None = None,
     share_prefix: bool = True,
     verify: bool = True,
-    max_rows: int = 8192,
-    unembed_rows: int = 512,
+    max_rows: int = WAVE_ROWS,
+    unembed_rows: int = UNEMBED_ROWS,
     cache: IntactCache | None = None,
 ) -> tuple[list[list[list[int]]], list]:
     """Greedy continuations of every prompt under every condition, and a score of the drafts.
@@ -1204,8 +1211,8 @@ def score_continuations(
     score: Callable[[int, np.ndarray], object],
     *,
     share_prefix: bool = True,
-    max_rows: int = 8192,
-    unembed_rows: int = 512,
+    max_rows: int = WAVE_ROWS,
+    unembed_rows: int = UNEMBED_ROWS,
     cache: IntactCache | None = None,
 ) -> list[list]:
     """Teacher-forced continuations of shared contexts under every condition: out[k][c] =
