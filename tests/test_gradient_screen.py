@@ -210,6 +210,33 @@ def test_a_long_screen_says_so_after_its_first_block(monkeypatch):
     )
 
 
+def test_stage_estimate_weighs_pieces_by_their_text(monkeypatch):
+    """A first piece of short items must not predict a short stage: 50 of 500 evaluations that
+    hold 4% of the text (as a HellaSwag held-out panel's first slice nearly does) in 60 s, 2
+    workers -> 60 / 0.04 / 2 = 750 s; counted alone they would say 60 x 10 / 2 = 300 s. The ETA
+    on the progress line follows the same share."""
+    import io
+
+    from cel_numpy.localize import progress
+    from cel_numpy.localize.routine import item_text_length
+    from cel_numpy.tasks.base import Item
+
+    clock = iter([0.0, 60.0, 60.0, 120.0, 120.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    bar = progress.Progress("nulls", 500, stream=out, parallel=2, total_work=1000.0)
+    bar.update(50, work=40.0)
+    assert out.getvalue().splitlines()[0] == (
+        "nulls      about 12:30 in all at the pace of its first 50 of 500 (01:00, 4.0% of the "
+        "stage's text)"
+    )
+    bar.update(50, work=60.0)  # 10% of the text after 120 s: 18 min left
+    assert bar.line().endswith("02:00 elapsed, ETA 18:00")
+    choice = Item("t", "", "The cat", " sat", (" sat", " ran away"))
+    generate = Item("t", "", "2 + 2 =", " 4")
+    assert item_text_length(choice) == 7 + 4 + 9 and item_text_length(generate) == 7 + 2
+
+
 # --------------------------------------------------------------------------- agreement
 
 

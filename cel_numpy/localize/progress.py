@@ -32,7 +32,12 @@ class Progress:
     work runs ("2 workers x 1 BLAS thread"), printed with that estimate; parallel: blocks
     computed at once (workers), so the first block's time is that of `parallel` blocks;
     heartbeat: seconds of silence after which, inside `with`, a line says the stage is still
-    working (0: never); unit: what is counted, printed after the counts ("evaluations")."""
+    working (0: never); unit: what is counted, printed after the counts ("evaluations").
+
+    total_work: when the counted units differ in cost (a panel whose first items are short), the
+    stage's total cost in any unit (e.g. characters of text x conditions), each `update` then
+    saying what its piece cost (`work`): the estimate and the ETA follow the share of the
+    work done, not of the units counted."""
 
     def __init__(
         self,
@@ -46,6 +51,7 @@ class Progress:
         parallel: int = 1,
         heartbeat: float = HEARTBEAT,
         unit: str = "",
+        total_work: float | None = None,
     ):
         self.label = label
         self.total = max(int(total), 0)
@@ -54,6 +60,8 @@ class Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.width = width
         self.done = 0
+        self.total_work = float(total_work) if total_work else None
+        self.work_done = 0.0
         self.start = time.monotonic()
         self.next_decile = 1
         self.slow_hint = slow_hint
@@ -101,10 +109,17 @@ class Progress:
             self.stream.flush()
             self._writes += 1
 
+    def _work_fraction(self) -> float:
+        """The share of the stage's work done: of total_work when given, else of the count."""
+        if self.total_work:
+            return min(1.0, self.work_done / self.total_work)
+        return self.done / self.total if self.total else 1.0
+
     def line(self) -> str:
         frac = self.done / self.total if self.total else 1.0
         elapsed = time.monotonic() - self.start
-        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        share = self._work_fraction()
+        eta = elapsed / share * (1 - share) if self.done and share > 0 else float("nan")
         filled = int(frac * self.width)
         bar = "#" * filled + "-" * (self.width - filled)
         eta_s = _fmt_seconds(eta) if eta == eta else "--:--"
@@ -113,21 +128,27 @@ class Progress:
             f"{_fmt_seconds(elapsed)} elapsed, ETA {eta_s}"
         )
 
-    def update(self, n: int = 1) -> None:
+    def update(self, n: int = 1, work: float | None = None) -> None:
+        """n more units counted; `work`: what they cost, in the unit of total_work."""
         first = self.done == 0
         self.done = min(self.total, self.done + n)
+        self.work_done += n if work is None else work
         if not self.enabled:
             return
         if first and self.done < self.total:
             elapsed = time.monotonic() - self.start
-            estimate = elapsed / self.done * self.total / min(self.parallel, self.total)
+            share = self._work_fraction()
+            estimate = elapsed / max(share, 1e-12) / min(self.parallel, self.total)
             if estimate > SLOW_AFTER:
                 plan = f" with {self.plan}" if self.plan else ""
                 hint = f"; {self.slow_hint}" if self.slow_hint else ""
+                held = ""
+                if self.total_work:
+                    held = f", {100 * share:.1f}% of the stage's text"
                 self._write(
                     f"{self.label:<10} about {_fmt_seconds(estimate)} in all{plan} at the pace of "
-                    f"its first {self.done} of {self.total}{self.unit} ({_fmt_seconds(elapsed)})"
-                    f"{hint}\n"
+                    f"its first {self.done} of {self.total}{self.unit} ({_fmt_seconds(elapsed)}"
+                    f"{held}){hint}\n"
                 )
         if self.tty:
             self._write("\r" + self.line() + ("\n" if self.done == self.total else ""))

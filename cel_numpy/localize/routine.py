@@ -364,6 +364,15 @@ def chunk_blocks(
     return chunks
 
 
+def item_text_length(item) -> int:
+    """Characters an evaluation of `item` reads (prompt, and its choices or answer): what a
+    stage's time estimate weighs its pieces by. A HellaSwag held-out panel's first 150 items hold
+    half the text per item of its last 350, so an estimate from its first piece, counting
+    evaluations alone, said 1 h 50 min for a Gemma 3 nulls stage whose ETA after its first 10%
+    was 4 h 20 min."""
+    return len(item.prompt) + (sum(map(len, item.choices)) if item.choices else len(item.answer))
+
+
 def panel_slices(n_items: int, slice_items: int) -> list[range]:
     """The rows of an n-item panel in consecutive slices of nearly equal size, none larger than
     slice_items: 500 items at 50 -> ten of 50; 250 at 100 -> 83, 83, 84."""
@@ -680,6 +689,17 @@ class Localizer:
         )
         # what is computed: each chunk whole, or slice by slice (a large panel; `SLICE_ITEMS`)
         tasks = [(k, rows) for k, chunk in enumerate(chunks) for rows in self._slices(chunk)]
+
+        def work(k, rows) -> int:
+            """Task (k, rows)'s cost for the estimates: its items' text x its conditions."""
+            items = self.panels[chunks[k][0].panel]
+            return len(chunks[k]) * sum(
+                map(
+                    item_text_length,
+                    items[slice(None) if rows is None else slice(rows.start, rows.stop)],
+                )
+            )
+
         bar = Progress(
             label or stage,
             sum(len(self.panels[b.panel]) for b in remaining),
@@ -691,6 +711,7 @@ class Localizer:
             plan=self._plan(),
             parallel=min(getattr(self.executor, "n_workers", 1), max(len(tasks), 1)),
             unit="evaluations",
+            total_work=sum(work(k, rows) for k, rows in tasks),
         )
 
         def chunk_args(k, rows):
@@ -728,7 +749,7 @@ class Localizer:
                     )
                 pieces.append(results)
                 n_items = len(self.panels[chunk[0].panel])
-                bar.update(len(chunk) * (n_items if rows is None else len(rows)))
+                bar.update(len(chunk) * (n_items if rows is None else len(rows)), work(k, rows))
                 if rows is not None and rows.stop < n_items:
                     continue  # the chunk's later slices are still to come
                 results, pieces = join_slices(pieces), []
