@@ -660,3 +660,22 @@ def test_a_panel_evaluated_slice_by_slice_equals_one_call(task_name, ablation, f
     if ablation == "resample":  # a slice alone would draw its donors among its own items
         alone = LMEvaluator(model, task, **kw).evaluate_many(items[:4], conds[1:])
         assert [r.ref_logprob for r in alone[0]] != [r.ref_logprob for r in parts[0][1]]
+
+
+def test_row_groups_cover_every_row_once_in_order_within_the_cap():
+    """`row_groups` (the choice engine's unembedding GEMMs): consecutive runs whose sizes sum to
+    at most the cap, a size above the cap alone, every index exactly once."""
+    from cel_numpy.models.fast import row_groups
+
+    assert row_groups([], 4) == []
+    assert row_groups([9], 4) == [range(0, 1)]
+    assert row_groups([1, 5, 1], 4) == [range(0, 1), range(1, 2), range(2, 3)]
+    assert row_groups([4, 4], 4) == [range(0, 1), range(1, 2)]
+    assert row_groups([2, 2, 3, 1], 4) == [range(0, 2), range(2, 4)]
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(1, 30, size=200).tolist()
+    groups = row_groups(sizes, 50)
+    assert [i for g in groups for i in g] == list(range(200))
+    assert all(sum(sizes[i] for i in g) <= 50 or len(g) == 1 for g in groups)
+    # maximal: the next size would not have fitted
+    assert all(sum(sizes[i] for i in g) + sizes[g.stop] > 50 for g in groups[:-1])

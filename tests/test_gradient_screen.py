@@ -232,6 +232,13 @@ def test_stage_estimate_weighs_pieces_by_their_text(monkeypatch):
     )
     bar.update(50, work=60.0)  # 10% of the text after 120 s: 18 min left
     assert bar.line().endswith("02:00 elapsed, ETA 18:00")
+    silent = io.StringIO()  # a first piece of no text predicts nothing
+    clock = iter([0.0, 60.0, 60.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    progress.Progress("nulls", 500, stream=silent, total_work=10.0).update(50, work=0.0)
+    assert "in all" not in silent.getvalue()
+    with pytest.raises(ValueError, match="give `work`"):
+        progress.Progress("nulls", 500, stream=silent, total_work=10.0).update(50)
     choice = Item("t", "", "The cat", " sat", (" sat", " ran away"))
     generate = Item("t", "", "2 + 2 =", " 4")
     assert item_text_length(choice) == 7 + 4 + 9 and item_text_length(generate) == 7 + 2

@@ -803,8 +803,11 @@ def test_intact_memory_sets_each_evaluators_budget_and_leaves_results_alone(
     pools = []  # the budget also reaches the worker plan (--workers auto counts it per worker)
     real_pool = cli.make_worker_pool
 
+    activations = []  # and the price of each worker's activations, from the model's shapes
+
     def pool_spy(*a, **kw):
         pools.append(kw.get("intact_gigabytes"))
+        activations.append(kw.get("activations"))
         return real_pool(*a, **kw)
 
     monkeypatch.setattr(cli, "make_worker_pool", pool_spy)
@@ -823,6 +826,10 @@ def test_intact_memory_sets_each_evaluators_budget_and_leaves_results_alone(
     err = capsys.readouterr().err
     assert "each evaluator keeps up to 0.0 GB of intact passes (--intact-memory)" in err
     assert pools == [None, 1e-9]
+    from cel_numpy.localize.workers import activation_bytes
+    from cel_numpy.models.loaders import read_model_config
+
+    assert activations == [activation_bytes(read_model_config(str(model)))] * 2
     assert n_default > 0 and len(seen) > n_default
     assert all(b != 1 for b in seen[:n_default]) and all(b == 1 for b in seen[n_default:])
     for stage in ("baseline", "screen"):

@@ -130,15 +130,17 @@ class Progress:
 
     def update(self, n: int = 1, work: float | None = None) -> None:
         """n more units counted; `work`: what they cost, in the unit of total_work."""
+        if work is None and self.total_work is not None:
+            raise ValueError("Progress.update: give `work` when the bar has total_work")
         first = self.done == 0
         self.done = min(self.total, self.done + n)
         self.work_done += n if work is None else work
         if not self.enabled:
             return
-        if first and self.done < self.total:
+        share = self._work_fraction()
+        if first and self.done < self.total and share > 0:  # (a piece of no work says nothing)
             elapsed = time.monotonic() - self.start
-            share = self._work_fraction()
-            estimate = elapsed / max(share, 1e-12) / min(self.parallel, self.total)
+            estimate = elapsed / share / min(self.parallel, self.total)
             if estimate > SLOW_AFTER:
                 plan = f" with {self.plan}" if self.plan else ""
                 hint = f"; {self.slow_hint}" if self.slow_hint else ""

@@ -740,8 +740,9 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
 
 
 # Token rows of one wave of stacked conditions (`generate_conditions`, `score_continuations`),
-# and rows of one unembedding GEMM: with the batch's intact pass, what bounds an evaluator's
-# activations (`cel_numpy.localize.workers.activation_bytes` prices them).
+# and rows of one unembedding GEMM of `score_continuations`: with the batch's intact pass, what
+# bounds a choice evaluator's activations (`cel_numpy.localize.workers.activation_bytes` prices
+# them; generation also unembeds one condition's draft rows at once and keeps a decode cache).
 WAVE_ROWS = 8192
 UNEMBED_ROWS = 512
 
@@ -751,9 +752,10 @@ UNEMBED_ROWS = 512
 INTACT_CACHE_BYTES = 1 << 30
 
 
-# Memory the machine must still have available for an intact pass to be kept (IntactCache): room
-# for the activations of two workers' next batches (workers.activation_bytes prices each
-# besides their kept passes), so a cache never grows into the memory that computing needs.
+# Memory the machine must still have available for an intact pass to be kept (IntactCache): a
+# last guard for runs that share the machine. Within one run the budgets leave room for the
+# workers' activations (`workers.intact_cache_budget` counts `workers.activation_bytes`, 2.1-3.4
+# GB per worker on the known models, besides the kept passes).
 INTACT_CACHE_FLOOR = 2 * 2**30
 
 
@@ -1215,32 +1217,33 @@ def score_continuations(
     unembed_rows: int = UNEMBED_ROWS,
     cache: IntactCache | None = None,
 ) -> list[list]:
-    """Teacher-forced continuations of shared contexts under every condition: out[k][c] =
-    score(c, logits of continuation c under conds[k]).
+    """Teacher-forced continuations of shared contexts under every condition: out[i][k] =
+    score(k, logits of continuation k under conds[i]).
 
     contexts[b] (non-empty) are token ids; continuation c (non-empty) follows context
     parent[c]. Each context runs once per condition, however many continuations follow it
     (`continuation_tree`: a HellaSwag context and its four endings), and the unembedding runs
-    only at the continuation rows' positions. `score` gets c and its logits (A_c + 1, V),
-    right-aligned like `localize.scoring`: rows 0..A_c - 1 predict the continuation's tokens
-    (row 0 is at the context's last token), row A_c what follows it.
+    only at the continuation rows' positions. `score` gets k and continuation k's logits
+    (A_k + 1, V), right-aligned like `localize.scoring`: rows 0..A_k - 1 predict the
+    continuation's tokens (row 0 is at the context's last token), row A_k what follows it.
 
     The unembedding runs in GEMMs of at most `unembed_rows` rows (a longer continuation alone),
     across continuations and conditions, and each continuation is scored as soon as its logits
-    exist: the (rows, V) logits alive at once stay within `unembed_rows` x V whatever the batch
-    (a batch of 16 HellaSwag items is about 1,600 rows; at Gemma 3's 262,144-token vocabulary
-    one condition's logits at once were 1.7 GB).
+    exist: the (rows, V) logits alive at once stay within 2 x `unembed_rows` x V (the group
+    being scored and, while it is computed, the next) whatever the batch (a batch of 16
+    HellaSwag items is about 1,600 rows; at Gemma 3's 262,144-token vocabulary one condition's
+    logits at once were 1.7 GB).
     """
     segments = continuation_tree(prep, contexts, continuations, parent, share_prefix)
     intact = _intact(prep, segments, slice(None), cache)
     conds = [tuple(sorted(c)) for c in conds]
     per_wave = max(1, max_rows // max(1, _tokens(segments)))
     real = segments[-1].valid  # (C, n)
-    scored: dict[Condition, list] = {}
+    scored: dict[Condition, list] = {c: [None] * len(real) for c in conds}
     for wave in _waves(conds, per_wave):
         final, _ = ablated_tree(prep, intact, wave, fill)
-        for c, k, logits in _unembed_continuations(prep, wave, final, real, unembed_rows):
-            scored.setdefault(c, [None] * len(real))[k] = score(k, logits)
+        for cond, k, logits in _unembed_continuations(prep, wave, final, real, unembed_rows):
+            scored[cond][k] = score(k, logits)
     return [scored[c] for c in conds]
 
 
