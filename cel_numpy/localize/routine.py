@@ -693,12 +693,8 @@ class Localizer:
         def work(k, rows) -> int:
             """Task (k, rows)'s cost for the estimates: its items' text x its conditions."""
             items = self.panels[chunks[k][0].panel]
-            return len(chunks[k]) * sum(
-                map(
-                    item_text_length,
-                    items[slice(None) if rows is None else slice(rows.start, rows.stop)],
-                )
-            )
+            items = items if rows is None else items[rows.start : rows.stop]
+            return len(chunks[k]) * sum(map(item_text_length, items))
 
         bar = Progress(
             label or stage,

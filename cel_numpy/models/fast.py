@@ -1171,14 +1171,13 @@ def generate_conditions(
 def _unembed_rows(prep, wave, final, real, unembed_rows: int):
     """Per condition of the wave, in order: (index, condition, logits (N, V) at the last
     segment's real positions), computed for a few conditions per unembedding GEMM of at most
-    `unembed_rows` rows (N = real.sum() rows per condition)."""
+    `unembed_rows` rows (N = real.sum() rows per condition; `row_groups`, one condition at
+    least)."""
     N = int(real.sum())
-    per_gemm = max(1, unembed_rows // max(1, N))
-    for i0 in range(0, len(wave), per_gemm):
-        group = wave[i0 : i0 + per_gemm]
-        logits = _unembed(prep, np.concatenate([final[c][real] for c in group]), None)  # (k N, V)
-        for g, c in enumerate(group):
-            yield i0 + g, c, logits[g * N : (g + 1) * N]
+    for group in row_groups([N] * len(wave), unembed_rows):
+        logits = _unembed(prep, np.concatenate([final[wave[i]][real] for i in group]), None)
+        for g, i in enumerate(group):  # logits (len(group) N, V)
+            yield i, wave[i], logits[g * N : (g + 1) * N]
 
 
 def continuation_tree(
