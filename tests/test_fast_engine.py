@@ -192,13 +192,15 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
             assert new == truth[cond], f"condition {cond}, verify={verify}, share={share}"
 
 
-@pytest.mark.parametrize("unembed_rows", [1, 40, 512])  # 12 rows a condition: 1, 3, 4 per GEMM
+# 4 draft rows of 3 positions a condition; per GEMM: one draft row (1), two (7: a condition over
+# two GEMMs), thirteen (40: a GEMM crossing conditions, one row into the next), every row (512)
+@pytest.mark.parametrize("unembed_rows", [1, 7, 40, 512])
 @pytest.mark.parametrize("per_row", [False, True])
 def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_row):
     """Mean ablation in the decode steps, one fill for all rows or one per row (resample: rows
     that finish early leave the decode cache with their fill); `score` sees each draft row's
-    logits at its real positions, whether the conditions' draft rows are unembedded one
-    condition per GEMM or several (a last group smaller than the others)."""
+    logits at its real positions, once, however the draft rows are grouped into unembedding
+    GEMMs (within a condition or across conditions)."""
     model = cn.load_model(FIXTURES[1])
     rng = np.random.default_rng(5)
     V = model.config.vocab_size
@@ -208,12 +210,13 @@ def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_ro
     drafts = [[list(rng.integers(0, V, 2))] for _ in prompts]
     conds = [(), ((0, 1),), ((1, 2),), ((0, 0), (1, 3))]
     got, scores = generate_conditions(
-        prepare(model), prompts, conds, mean_z, stop, drafts=drafts, score=lambda lg: lg,
+        prepare(model), prompts, conds, mean_z, stop, drafts=drafts, score=lambda c, lg: (c, lg),
         unembed_rows=unembed_rows,
     )  # fmt: skip
     for cond, new, rows in zip(conds, got, scores):
-        assert [r.shape for r in rows] == [(3, V)] * len(prompts)  # last prompt token + 2 drafted
-        lg = np.stack(rows)  # (B, 3, V)
+        assert [c for c, _ in rows] == list(range(len(prompts)))  # each row scored once, as itself
+        assert [r.shape for _, r in rows] == [(3, V)] * len(prompts)  # last prompt token, 2 drafted
+        lg = np.stack([r for _, r in rows])  # (B, 3, V)
         kw = dict(ablate=list(cond) or None, ablation="mean", mean_z=mean_z)
         assert new == model.generate_ids(prompts, 4, stop_at_eos=False, **kw)
         ids, mask = model.pad([p + d[0] for p, d in zip(prompts, drafts)])

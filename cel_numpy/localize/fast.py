@@ -126,9 +126,10 @@ def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True, fill=None):
     prompts = [refs[i][0] for i in batch]
     drafts = [drafts_of(i) for i in batch]  # the reference answer first
     first = np.cumsum([0] + [len(d) for d in drafts])[:-1]  # row of each prompt's reference
+    ref_of_row = {int(c): refs[i][1] for c, i in zip(first, batch)}
 
-    def score(logits):  # per draft row (A + 1, V): its last prompt token and its draft
-        return [continuation_logprob(logits[c], refs[i][1]) for c, i in zip(first, batch)]
+    def score(c, logits):  # draft row c's (A + 1, V): its last prompt token and its draft
+        return continuation_logprob(logits, ref_of_row[c]) if c in ref_of_row else None
 
     new, scores = generate_conditions(
         prepare(ev.model),
@@ -142,7 +143,7 @@ def _run(ev, items, refs, batch, conds, drafts_of, keep_intact=True, fill=None):
         verify=ev.forced,
         cache=_cache(ev) if keep_intact else None,
     )
-    return [list(zip(n, s)) for n, s in zip(new, scores)]
+    return [list(zip(n, [s[c] for c in first])) for n, s in zip(new, scores)]
 
 
 def _intact(ev, items, refs) -> dict[str, tuple[list[int], float]]:

@@ -64,12 +64,12 @@ def activation_bytes(config, batch_tokens: int | None = None, itemsize: int = 4)
       the unembedding           3 x UNEMBED_ROWS x V: logits and the scorer's float64 copy
       the interpreter           INTERPRETER_BYTES
 
-    float32 (`itemsize` 4). For choice tasks (HellaSwag, BoolQ, choice files) these are the
-    largest arrays each step holds, summed as if they were alive at once. Generation prices the
-    same terms but also unembeds one condition's draft rows in one GEMM and keeps a decode cache
-    for rows that leave their drafts; short answers (the template tasks) stay within the choice
-    terms, a long-answer task (MBPP) can exceed them. `bench/bench_worker_memory.py` prints the
-    price beside a measured peak."""
+    float32 (`itemsize` 4). These are the largest arrays each step holds, summed as if they were
+    alive at once; generation unembeds its draft rows in the same slabs (a draft longer than
+    UNEMBED_ROWS alone) but also keeps a decode cache (the prompt's and draft's K/V for every
+    row that leaves its draft), which this price does not count: short answers (the template
+    tasks) stay within it, a long-answer task (MBPP) can exceed it.
+    `bench/bench_worker_memory.py` prints the price beside a measured peak."""
     from cel_numpy.localize.fast import MAX_BATCH_TOKENS
 
     c = config

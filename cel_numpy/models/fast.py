@@ -740,9 +740,9 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
 
 
 # Token rows of one wave of stacked conditions (`generate_conditions`, `score_continuations`),
-# and rows of one unembedding GEMM of `score_continuations`: with the batch's intact pass, what
-# bounds a choice evaluator's activations (`cel_numpy.localize.workers.activation_bytes` prices
-# them; generation also unembeds one condition's draft rows at once and keeps a decode cache).
+# and rows of one unembedding GEMM of both: with the batch's intact pass, what bounds an
+# evaluator's activations (`cel_numpy.localize.workers.activation_bytes` prices them;
+# generation also keeps a decode cache, not priced).
 WAVE_ROWS = 8192
 UNEMBED_ROWS = 512
 
@@ -1104,7 +1104,7 @@ def generate_conditions(
     stop: Stop,
     *,
     drafts: Sequence[Sequence[Sequence[int]]] | None = None,
-    score: Callable[[np.ndarray], object] | None = None,
+    score: Callable[[int, np.ndarray], object] | None = None,
     share_prefix: bool = True,
     verify: bool = True,
     max_rows: int = WAVE_ROWS,
@@ -1114,22 +1114,24 @@ def generate_conditions(
     """Greedy continuations of every prompt under every condition, and a score of the drafts.
 
     Returns (out, scores): out[k][b] = new ids of prompt b under conds[k] (stop token excluded),
-    the same tokens as `Model.generate_ids` cut by `stop`; scores[k] = score(logits) of the
-    draft rows under conds[k] (None without `score`).
+    the same tokens as `Model.generate_ids` cut by `stop`; scores[k][c] = score(c, logits of
+    draft row c under conds[k]) (scores[k] is None without `score`).
 
     drafts[b]: guesses of prompt b's continuation (e.g. the reference answer, the intact model's
     answer); they change only the cost. The tree is: the prompts' common prefix (share_prefix),
-    each prompt but its last token, and per draft [last prompt token] + draft. `score` gets the
-    draft rows' logits as a list over rows c (the drafts in order: prompt 0's, then prompt
-    1's, ...) of (A_c + 1, V) arrays: at row c's last prompt token and its A_c draft tokens, the
-    last predicting the token after its draft. The unembedding runs only at those positions,
-    never at a shorter draft's padding.
+    each prompt but its last token, and per draft [last prompt token] + draft. `score` gets a
+    draft row c (the drafts in order: prompt 0's, then prompt 1's, ...) and its logits
+    (A_c + 1, V): at row c's last prompt token and its A_c draft tokens, the last predicting the
+    token after its draft. The unembedding runs only at those positions, never at a shorter
+    draft's padding.
     verify=False takes only the first greedy token from the forward and decodes the rest (the
     plain prompt pass + KV-cache decoding, for measuring what the drafts save). `cache` keeps
-    the intact pass across calls on the same prompts and drafts. The draft rows of several
-    conditions share one unembedding GEMM of at most `unembed_rows` rows (one condition's rows
-    at least): against the (D, V) unembedding a GEMM of a few dozen rows runs well below the
-    rate of one of a few hundred (`bench/bench_screen.py` prints the rates).
+    the intact pass across calls on the same prompts and drafts. The draft rows are unembedded
+    as `score_continuations` does it, in GEMMs of at most `unembed_rows` rows across rows and
+    conditions (a longer draft alone), each row scored and reduced to its argmax as soon as its
+    logits exist: against the (D, V) unembedding a GEMM of a few dozen rows runs well below the
+    rate of one of a few hundred (`bench/bench_screen.py` prints the rates), and the logits
+    alive at once stay within 2 x `unembed_rows` x V however long the drafts.
     """
     B = len(prompts)
     drafts = [list(d) if d else [[]] for d in (drafts or [[[]]] * B)]
@@ -1146,38 +1148,26 @@ def generate_conditions(
     conds = [tuple(sorted(c)) for c in conds]
     per_wave = max(1, max_rows // max(1, _tokens(segments)))
     results: dict[Condition, list[list[int]]] = {}
-    scored: dict[Condition, object] = {}
     real = segments[-1].valid  # (C, n) each draft row's real positions: its last A + 1
-    row_ends = np.cumsum(real.sum(axis=1))[:-1]  # where each row's logits end, row-major
+    scored: dict[Condition, list] = {c: [None] * len(real) for c in conds}
     for wave in _waves(conds, per_wave):
         final, kv = ablated_tree(prep, intact, wave, fill, keep_kv=True)
         resumes = []
-        for i, c, logits in _unembed_rows(prep, wave, final, real, unembed_rows):
-            scored[c] = None if score is None else score(np.split(logits, row_ends))
-            best = _greedy(prep, logits)  # (N,)
-            greedy = np.zeros(real.shape, np.int64)  # (C, n) right-aligned; padding never read
-            greedy[real] = best
+        greedy = {c: np.zeros(real.shape, np.int64) for c in wave}  # (C, n) right-aligned
+        for c, k, logits in _unembed_continuations(prep, wave, final, real, unembed_rows):
+            scored[c][k] = None if score is None else score(k, logits)
+            greedy[c][k, real[k]] = _greedy(prep, logits)  # padding positions never read
+        for i, c in enumerate(wave):
             results[c] = []
             for b in range(B):
-                new, resume = _verify(b, i, parent, cont, draft_len, greedy, n_read, stop, verify)
+                g = greedy[c]
+                new, resume = _verify(b, i, parent, cont, draft_len, g, n_read, stop, verify)
                 results[c].append(new)
                 if resume is not None:
                     resumes.append(resume)
         kv_wave = [kv[c] for c in wave]
         _decode(prep, segments, kv_wave, wave, resumes, results, draft_len, fill, stop)
-    return [results[c] for c in conds], [scored[c] for c in conds]
-
-
-def _unembed_rows(prep, wave, final, real, unembed_rows: int):
-    """Per condition of the wave, in order: (index, condition, logits (N, V) at the last
-    segment's real positions), computed for a few conditions per unembedding GEMM of at most
-    `unembed_rows` rows (N = real.sum() rows per condition; `row_groups`, one condition at
-    least)."""
-    N = int(real.sum())
-    for group in row_groups([N] * len(wave), unembed_rows):
-        logits = _unembed(prep, np.concatenate([final[wave[i]][real] for i in group]), None)
-        for g, i in enumerate(group):  # logits (len(group) N, V)
-            yield i, wave[i], logits[g * N : (g + 1) * N]
+    return [results[c] for c in conds], [scored[c] if score else None for c in conds]
 
 
 def continuation_tree(
