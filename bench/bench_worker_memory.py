@@ -21,8 +21,10 @@ the tokenizer, the task and the panel).
   now     the engine as it is: unembedding GEMMs of at most 512 rows across continuations
           and conditions, each continuation scored as its logits exist
   before  one condition's continuation rows unembedded at once (several conditions per GEMM
-          only when they fit in 512 rows), what the engine did before 2026-12-06: a batch of
-          16 HellaSwag items is about 1,600 rows, 1.7 GB of logits on Gemma 3's vocabulary
+          only when they fit in 512 rows), what the choice engine did before 2026-12-06 and
+          generation's drafts before 2026-12-07 (a generate task's "before" is that one): a
+          batch of 16 HellaSwag items is about 1,600 rows, 1.7 GB of logits on Gemma 3's
+          vocabulary
 
 Both variants must give the same results (checked); the table prints each one's peak and the
 price less its interpreter term over the measured working set (above 1: the planner

@@ -226,3 +226,29 @@ def test_answer_balance_only_for_a_fixed_choice_set():
     # a task scoring by its own rule may accept a pick outside the choices: no balance, no crash
     assert answer_balance(yes_no, right, [(True, " maybe"), (True, " no")]) is None
     assert answer_balance([_yes_no("yes", 0), yes_no[1]], right, right) is None  # reference too
+
+
+@pytest.mark.parametrize("A", [1, 31, 32, 33, 100])
+@pytest.mark.parametrize("V", [7, 1001])
+def test_continuation_logprob_in_row_chunks_equals_the_whole_log_softmax(A, V):
+    """continuation_logprob computes LOGPROB_ROWS rows at a time; its total is the whole
+    (A, V) log-softmax's bit for bit, and log-sum-exp by np.logaddexp.reduce agrees."""
+    import numpy as np
+
+    from cel_numpy.localize.scoring import (
+        LOGPROB_ROWS,
+        continuation_log_softmax,
+        continuation_logprob,
+    )
+
+    assert LOGPROB_ROWS == 32  # the sizes above straddle one chunk
+    rng = np.random.default_rng(A * V)
+    logits = (rng.standard_normal((A + 3, V)) * 4).astype(np.float32)  # (N, V), right-aligned
+    targets = rng.integers(0, V, size=A)
+    got = continuation_logprob(logits, targets)
+    assert got == continuation_log_softmax(logits, targets)[1]
+    rows = logits[2 : 2 + A].astype(np.float64)  # rows N-1-A .. N-2 predict the targets
+    ref = sum(r[t] - np.logaddexp.reduce(r) for r, t in zip(rows, targets))
+    assert abs(got - ref) < 1e-9 * A
+    with pytest.raises(ValueError, match="continuation tokens need"):
+        continuation_logprob(logits[:A], targets)

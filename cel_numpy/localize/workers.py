@@ -61,7 +61,9 @@ def activation_bytes(config, batch_tokens: int | None = None, itemsize: int = 4)
       one wave's layer          WAVE_ROWS x (3 D + (H + 2 G) E + 3 F): residual, its norm,
                                 Q/K/V and the gated MLP's hidden rows of every stacked condition
       attention scores          2 x ATTENTION_BLOCK_BYTES (scores and their softmax)
-      the unembedding           3 x UNEMBED_ROWS x V: logits and the scorer's float64 copy
+      the unembedding           3 x UNEMBED_ROWS x V: two GEMMs' logits and the scorer's
+                                float64 log-softmax (LOGPROB_ROWS = 32 rows, 4 arrays: half
+                                a slab)
       the interpreter           INTERPRETER_BYTES
 
     float32 (`itemsize` 4). These are the largest arrays each step holds, summed as if they were

@@ -1131,7 +1131,7 @@ def generate_conditions(
     conditions (a longer draft alone), each row scored and reduced to its argmax as soon as its
     logits exist: against the (D, V) unembedding a GEMM of a few dozen rows runs well below the
     rate of one of a few hundred (`bench/bench_screen.py` prints the rates), and the logits
-    alive at once stay within 2 x `unembed_rows` x V however long the drafts.
+    alive at once stay within 2 x max(`unembed_rows`, longest draft + 1) x V.
     """
     B = len(prompts)
     drafts = [list(d) if d else [[]] for d in (drafts or [[[]]] * B)]
@@ -1167,7 +1167,7 @@ def generate_conditions(
                     resumes.append(resume)
         kv_wave = [kv[c] for c in wave]
         _decode(prep, segments, kv_wave, wave, resumes, results, draft_len, fill, stop)
-    return [results[c] for c in conds], [scored[c] if score else None for c in conds]
+    return [results[c] for c in conds], [scored[c] if score is not None else None for c in conds]
 
 
 def continuation_tree(
