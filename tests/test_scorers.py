@@ -1,8 +1,14 @@
 """Fair scorers: lookups accept every listed answer, and a change of verdict is classified as
 valid / format / echo / shot / genuine on hand-made cases (cel_numpy.tasks.changes)."""
 
+import numpy as np
 import pytest
 
+from cel_numpy.localize.scoring import (
+    LOGPROB_ROWS,
+    continuation_log_softmax,
+    continuation_logprob,
+)
 from cel_numpy.tasks import Item, get_task
 from cel_numpy.tasks.base import AnswerContext, answer_context
 from cel_numpy.tasks.changes import CATEGORIES, classify_change, classify_changes, normalize
@@ -233,14 +239,6 @@ def test_answer_balance_only_for_a_fixed_choice_set():
 def test_continuation_logprob_in_row_chunks_equals_the_whole_log_softmax(A, V):
     """continuation_logprob computes LOGPROB_ROWS rows at a time; its total is the whole
     (A, V) log-softmax's bit for bit, and log-sum-exp by np.logaddexp.reduce agrees."""
-    import numpy as np
-
-    from cel_numpy.localize.scoring import (
-        LOGPROB_ROWS,
-        continuation_log_softmax,
-        continuation_logprob,
-    )
-
     assert LOGPROB_ROWS == 32  # the sizes above straddle one chunk
     rng = np.random.default_rng(A * V)
     logits = (rng.standard_normal((A + 3, V)) * 4).astype(np.float32)  # (N, V), right-aligned

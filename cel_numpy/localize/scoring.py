@@ -36,11 +36,17 @@ def continuation_log_softmax(
 
     float64, max-subtracted (`ops.log_softmax`). A = len(targets) <= N - 1.
     """
-    A, N = len(targets), logits.shape[0]
+    A = len(targets)
+    logp = log_softmax(np.asarray(_target_rows(logits, A), dtype=np.float64))  # (A, V)
+    return logp, float(logp[np.arange(A), list(targets)].sum())
+
+
+def _target_rows(logits: np.ndarray, A: int) -> np.ndarray:
+    """The rows of right-aligned logits (N, V) that predict an A-token continuation: (A, V)."""
+    N = logits.shape[0]
     if A > N - 1:
         raise ValueError(f"{A} continuation tokens need {A + 1} logit rows, got {N}")
-    logp = log_softmax(np.asarray(logits[N - 1 - A : N - 1], dtype=np.float64))  # (A, V)
-    return logp, float(logp[np.arange(A), list(targets)].sum())
+    return logits[N - 1 - A : N - 1]
 
 
 # Rows of float64 log-softmax `continuation_logprob` holds at once: its temporaries stay near
@@ -52,10 +58,8 @@ def continuation_logprob(logits: np.ndarray, targets: Sequence[int]) -> float:
     """Total log-probability of `targets` from right-aligned logits (N, V): the total of
     `continuation_log_softmax`, bit for bit (each row's log-softmax is its own reduction and the
     picked values are summed in the same order), computed LOGPROB_ROWS rows at a time."""
-    A, N = len(targets), logits.shape[0]
-    if A > N - 1:
-        raise ValueError(f"{A} continuation tokens need {A + 1} logit rows, got {N}")
-    rows, targets = logits[N - 1 - A : N - 1], np.asarray(targets, dtype=np.int64)  # (A, V), (A,)
+    A = len(targets)
+    rows, targets = _target_rows(logits, A), np.asarray(targets, dtype=np.int64)  # (A, V), (A,)
     picked = np.empty(A)  # log p of each target, float64
     for start in range(0, A, LOGPROB_ROWS):
         part = log_softmax(np.asarray(rows[start : start + LOGPROB_ROWS], dtype=np.float64))

@@ -1158,9 +1158,8 @@ def generate_conditions(
             scored[c][k] = None if score is None else score(k, logits)
             greedy[c][k, real[k]] = _greedy(prep, logits)  # padding positions never read
         for i, c in enumerate(wave):
-            results[c] = []
+            results[c], g = [], greedy[c]
             for b in range(B):
-                g = greedy[c]
                 new, resume = _verify(b, i, parent, cont, draft_len, g, n_read, stop, verify)
                 results[c].append(new)
                 if resume is not None:
