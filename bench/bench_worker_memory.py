@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/bench_worker_memory.py                      # Gemma 3, HellaSwag
     ... --model smollm2 --task boolq --items 50 --conditions 11
+    CEL_NUMPY_ALLOW_CODE_EXECUTION=1 .venv/bin/python bench/bench_worker_memory.py \
+        --model qwen2.5-coder-0.5b --task mbpp --items 10 --conditions 11   # generation
 
 Not a test: one invocation prints one table. `cel-numpy localize --workers auto` decides how
 many workers fit, and how many intact passes each may keep, from a price per worker
@@ -25,8 +27,11 @@ the tokenizer, the task and the panel).
           generation's drafts before 2026-12-07 (a generate task's "before" is that one): a
           batch of 16 HellaSwag items is about 1,600 rows, 1.7 GB of logits on Gemma 3's
           vocabulary
+  one-cache  (generate tasks) the engine as it is, but every row that leaves its draft in one
+          decode cache, what generation did before 2026-12-07; now the rows decode in groups
+          whose caches fit DECODE_CACHE_BYTES (512 MiB)
 
-Both variants must give the same results (checked); the table prints each one's peak and the
+The variants must give the same results (checked); the table prints each one's peak and the
 price less its interpreter term over the measured working set (above 1: the planner
 overestimates; the interpreter is in "RssAnon before the call").
 """
@@ -46,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ("now", "before")
+VARIANTS = ("now", "before", "one-cache")
 
 
 def rss_anon() -> int:
@@ -122,6 +127,8 @@ def child(args) -> None:
     pin_threads(1)
     if args.child == "before":
         mfast._unembed_continuations = before_unembedding
+    if args.child == "one-cache":
+        mfast._decode_groups = lambda prep, segments, resumes, max_new, budget: [resumes]
     model = cn.load_model(args.model)
     task = get_task(args.task)
     _, items = make_panels(task, 1, args.items, 0)
@@ -163,12 +170,15 @@ def main(argv=None) -> int:
 
     from cel_numpy.localize.workers import INTERPRETER_BYTES, activation_bytes
     from cel_numpy.models.loaders import read_model_config
+    from cel_numpy.tasks import get_task
 
     config = read_model_config(args.model)
-    price = activation_bytes(config)
-    runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+    generation = get_task(args.task).scoring == "generate"
+    price = activation_bytes(config, generation=generation)
+    variants = VARIANTS if generation else VARIANTS[:2]
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
     for _ in range(args.repeats):
-        for v in VARIANTS:  # interleaved: a change of load hits both alike
+        for v in variants:  # interleaved: a change of load hits all alike
             runs[v].append(run_child(v, args))
     same = len({r["results"] for rs in runs.values() for r in rs}) == 1
     mib = lambda n: f"{n / 2**20:,.0f} MiB"
@@ -182,7 +192,8 @@ def main(argv=None) -> int:
     )
     print(f"# results equal across variants: {same}")
     print(
-        f"# price (workers.activation_bytes): {mib(price)}, of which the interpreter "
+        f"# price (workers.activation_bytes, generation={generation}): {mib(price)}, of which "
+        "the interpreter "
         f"{mib(INTERPRETER_BYTES)}"
     )
     print(

@@ -164,7 +164,9 @@ def _greedy(model, prompts, cond, stop: Stop):
 def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
     """Drafts that are the greedy answer, leave it mid-answer, stop too early, run past the stop,
     or are unrelated all give the plain greedy tokens; with and without a shared prefix and
-    verification; a batch with a common prefix; waves small enough to split the conditions."""
+    verification; a batch with a common prefix; waves small enough to split the conditions;
+    decode caches small enough for one row each (the rows that leave their drafts decode one by
+    one instead of together)."""
     model = cn.load_model(path)
     rng = np.random.default_rng(2)
     V = model.config.vocab_size
@@ -181,15 +183,18 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
         [intact[b], diverge[b], intact[b][:1], intact[b] + [11, 12], list(rng.integers(0, V, 3))]
         for b in range(len(prompts))
     ]
-    for d, verify, share in [(drafts, True, True), (drafts, True, False),
-                             (drafts, False, True), (None, True, True),
-                             ([[x[1]] for x in drafts], True, True)]:  # fmt: skip
+    big = 1 << 30
+    for d, verify, share, budget in [(drafts, True, True, big), (drafts, True, False, big),
+                                     (drafts, False, True, big), (None, True, True, big),
+                                     ([[x[1]] for x in drafts], True, True, big),
+                                     (drafts, True, True, 1), (None, False, True, 1)]:  # fmt: skip
         got, _ = generate_conditions(
             prepare(model), prompts, conds, None, stop, drafts=d, verify=verify,
-            share_prefix=share, max_rows=60, unembed_rows=50,
+            share_prefix=share, max_rows=60, unembed_rows=50, decode_bytes=budget,
         )  # fmt: skip
         for cond, new in zip(conds, got):
-            assert new == truth[cond], f"condition {cond}, verify={verify}, share={share}"
+            assert new == truth[cond], f"condition {cond}, verify={verify}, share={share}, " \
+                f"decode bytes {budget}"  # fmt: skip
 
 
 # 4 draft rows of 3 positions a condition; per GEMM: one draft row (1), two (7: a condition over
@@ -198,7 +203,9 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
 @pytest.mark.parametrize("per_row", [False, True])
 def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_row):
     """Mean ablation in the decode steps, one fill for all rows or one per row (resample: rows
-    that finish early leave the decode cache with their fill); `score` sees each draft row's
+    that finish early leave the decode cache with their fill; with a small decode budget
+    (unembed_rows 7: one row's cache) each group of rows takes its own rows' fills); `score`
+    sees each draft row's
     logits at its real positions, once, however the draft rows are grouped into unembedding
     GEMMs (within a condition or across conditions)."""
     model = cn.load_model(FIXTURES[1])
@@ -211,7 +218,7 @@ def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_ro
     conds = [(), ((0, 1),), ((1, 2),), ((0, 0), (1, 3))]
     got, scores = generate_conditions(
         prepare(model), prompts, conds, mean_z, stop, drafts=drafts, score=lambda c, lg: (c, lg),
-        unembed_rows=unembed_rows,
+        unembed_rows=unembed_rows, decode_bytes=1 if unembed_rows == 7 else 1 << 30,
     )  # fmt: skip
     for cond, new, rows in zip(conds, got, scores):
         assert [c for c, _ in rows] == list(range(len(prompts)))  # each row scored once, as itself

@@ -787,7 +787,9 @@ def test_intact_memory_sets_each_evaluators_budget_and_leaves_results_alone(
     tmp_path, capsys, monkeypatch
 ):
     """--intact-memory GB reaches every evaluator (here 1e-9 GB: one byte, nothing kept, so the
-    intact passes are recomputed in every chunk) and the records equal the default run's."""
+    intact passes are recomputed in every chunk) and the records equal the default run's; the
+    worker plan prices the model's activations, more for a task that generates its answers
+    (the K/V kept for decoding)."""
     from helpers import copy_fixture, with_tokenizer
 
     from cel_numpy.localize import cli, evaluate
@@ -835,6 +837,14 @@ def test_intact_memory_sets_each_evaluators_budget_and_leaves_results_alone(
     for stage in ("baseline", "screen"):
         records = [(tmp_path / d / f"{stage}.jsonl.gz").read_bytes() for d in ("default", "tiny")]
         assert records[0] == records[1], stage
+    gen = tmp_path / "gen.jsonl"
+    gen.write_text("".join(json.dumps({"id": k, "prompt": f"Item {k} says", "answer": " yes"})
+                           + "\n" for k in range(20)))  # fmt: skip
+    assert base[3:5] == ["--task", str(task)] and base[-2:] == ["--stage", "screen"]
+    run = [*base[:4], str(gen), *base[5:-1], "baseline", "--out", str(tmp_path / "gen")]
+    assert localize_cli(run) == 0
+    config = read_model_config(str(model))
+    assert activations[-1] == activation_bytes(config, generation=True) > activations[0]
 
 
 def test_stage_pace_counts_only_what_the_finishing_process_evaluated(tmp_path):

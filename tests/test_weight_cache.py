@@ -212,7 +212,8 @@ def test_activation_bytes_counts_each_priced_array_once():
     """The per-worker price of activations (`workers.activation_bytes`) against its terms
     written out for Gemma 3 270M's shapes (config.json of google/gemma-3-270m): the batch's
     intact pass, one wave's layer, two attention blocks, three unembedding slabs, the
-    interpreter; a vocabulary 1,000 tokens larger costs exactly 3 x 512 x 1,000 floats more."""
+    interpreter; a vocabulary 1,000 tokens larger costs exactly 3 x 512 x 1,000 floats more;
+    a generation task adds the wave's K/V at every layer and the decode cache's budget."""
     from dataclasses import replace
 
     from cel_numpy.localize.workers import INTERPRETER_BYTES, activation_bytes, memory_split
@@ -230,6 +231,8 @@ def test_activation_bytes_counts_each_priced_array_once():
     bigger = replace(gemma, vocab_size=263_144)
     assert activation_bytes(bigger) - activation_bytes(gemma) == 3 * 512 * 1000 * 4
     assert activation_bytes(gemma, batch_tokens=2048) == want - intact // 2
+    wave_kv = 8192 * 18 * 2 * 256 * 4
+    assert activation_bytes(gemma, generation=True) == want + wave_kv + (512 << 20)
     GB = 10**9
     assert memory_split(GB, True, 2 * GB, want) == (GB, want + 2 * GB)
     assert memory_split(GB, False, 2 * GB, want) == (0, want + 2 * GB + GB)

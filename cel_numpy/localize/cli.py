@@ -854,7 +854,8 @@ def _prepare(args):
 
         task, cross, make_evaluator, model = lm_setup(args, task, cross, evaluator_options)
         weights, shared = model.weight_bytes(), model.weight_cache is not None
-        activations = activation_bytes(model.config)
+        generation = any(t.scoring == "generate" for t in [task, *cross])
+        activations = activation_bytes(model.config, generation=generation)
     executor = make_worker_pool(
         args.workers,
         weights,

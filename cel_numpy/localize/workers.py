@@ -37,7 +37,13 @@ import time
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass
 
-from cel_numpy.models.fast import ATTENTION_BLOCK_BYTES, INTACT_CACHE_BYTES, UNEMBED_ROWS, WAVE_ROWS
+from cel_numpy.models.fast import (
+    ATTENTION_BLOCK_BYTES,
+    DECODE_CACHE_BYTES,
+    INTACT_CACHE_BYTES,
+    UNEMBED_ROWS,
+    WAVE_ROWS,
+)
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 WATCH_SECONDS = 1.0
@@ -51,7 +57,9 @@ WORKER_BYTES = INTACT_CACHE_BYTES + DEFAULT_ACTIVATION_BYTES
 INTERPRETER_BYTES = 300 << 20  # Python, NumPy, the tokenizer and the task's items
 
 
-def activation_bytes(config, batch_tokens: int | None = None, itemsize: int = 4) -> int:
+def activation_bytes(
+    config, batch_tokens: int | None = None, itemsize: int = 4, generation: bool = False
+) -> int:
     """Bytes one evaluator of a model with `config` (a ModelConfig) computes with at its peak,
     besides the weights (mapped, counted once) and the intact passes it keeps (its budget):
 
@@ -66,12 +74,18 @@ def activation_bytes(config, batch_tokens: int | None = None, itemsize: int = 4)
                                 a slab)
       the interpreter           INTERPRETER_BYTES
 
+    and with `generation` (a task scored by generating its answer):
+
+      the wave's K/V            WAVE_ROWS x L x 2 G E: every layer's keys and values of the
+                                stacked conditions, kept for the rows that decode on
+      the decode cache          DECODE_CACHE_BYTES: the K/V of a group of rows that leave
+                                their drafts, lineage plus the answer's slots (one row larger
+                                than that decodes alone)
+
     float32 (`itemsize` 4). These are the largest arrays each step holds, summed as if they were
     alive at once; generation unembeds its draft rows in the same slabs (a draft longer than
-    UNEMBED_ROWS alone) but also keeps a decode cache (the prompt's and draft's K/V for every
-    row that leaves its draft), which this price does not count: short answers (the template
-    tasks) stay within it, a long-answer task (MBPP) can exceed it.
-    `bench/bench_worker_memory.py` prints the price beside a measured peak."""
+    UNEMBED_ROWS alone). `bench/bench_worker_memory.py` prints the price beside a measured
+    peak."""
     from cel_numpy.localize.fast import MAX_BATCH_TOKENS
 
     c = config
@@ -80,7 +94,11 @@ def activation_bytes(config, batch_tokens: int | None = None, itemsize: int = 4)
     intact = tokens * c.n_layers * (c.d_model + c.n_heads * c.d_head + kv)
     wave = WAVE_ROWS * (3 * c.d_model + c.n_heads * c.d_head + kv + 3 * c.d_mlp)
     unembed = 3 * UNEMBED_ROWS * c.vocab_size
-    return (intact + wave + unembed) * itemsize + 2 * ATTENTION_BLOCK_BYTES + INTERPRETER_BYTES
+    fixed = 2 * ATTENTION_BLOCK_BYTES + INTERPRETER_BYTES
+    if generation:
+        wave += WAVE_ROWS * c.n_layers * kv
+        fixed += DECODE_CACHE_BYTES
+    return (intact + wave + unembed) * itemsize + fixed
 
 
 def available_cores() -> int:

@@ -740,11 +740,12 @@ def intact_tree(prep: Prepared, segments: list[Segment], readout: slice) -> Inta
 
 
 # Token rows of one wave of stacked conditions (`generate_conditions`, `score_continuations`),
-# and rows of one unembedding GEMM of both: with the batch's intact pass, what bounds an
-# evaluator's activations (`cel_numpy.localize.workers.activation_bytes` prices them;
-# generation also keeps a decode cache, not priced).
+# rows of one unembedding GEMM of both, and the bytes of generation's decode cache (the K/V of
+# the rows that decode on, in groups of rows within it): with the batch's intact pass, what
+# bounds an evaluator's activations (`cel_numpy.localize.workers.activation_bytes` prices them).
 WAVE_ROWS = 8192
 UNEMBED_ROWS = 512
+DECODE_CACHE_BYTES = 512 << 20
 
 
 # What an IntactCache keeps by default (the evaluator's default; `localize` sizes a larger
@@ -1109,6 +1110,7 @@ def generate_conditions(
     verify: bool = True,
     max_rows: int = WAVE_ROWS,
     unembed_rows: int = UNEMBED_ROWS,
+    decode_bytes: int = DECODE_CACHE_BYTES,
     cache: IntactCache | None = None,
 ) -> tuple[list[list[list[int]]], list]:
     """Greedy continuations of every prompt under every condition, and a score of the drafts.
@@ -1131,7 +1133,8 @@ def generate_conditions(
     conditions (a longer draft alone), each row scored and reduced to its argmax as soon as its
     logits exist: against the (D, V) unembedding a GEMM of a few dozen rows runs well below the
     rate of one of a few hundred (`bench/bench_screen.py` prints the rates), and the logits
-    alive at once stay within 2 x max(`unembed_rows`, longest draft + 1) x V.
+    alive at once stay within 2 x max(`unembed_rows`, longest draft + 1) x V. The rows that
+    leave their drafts decode in groups whose KV caches fit `decode_bytes` (one row at least).
     """
     B = len(prompts)
     drafts = [list(d) if d else [[]] for d in (drafts or [[[]]] * B)]
@@ -1165,7 +1168,8 @@ def generate_conditions(
                 if resume is not None:
                     resumes.append(resume)
         kv_wave = [kv[c] for c in wave]
-        _decode(prep, segments, kv_wave, wave, resumes, results, draft_len, fill, stop)
+        for group in _decode_groups(prep, segments, resumes, stop.max_new_tokens, decode_bytes):
+            _decode(prep, segments, kv_wave, wave, group, results, draft_len, fill, stop)
     return [results[c] for c in conds], [scored[c] if score is not None else None for c in conds]
 
 
@@ -1286,6 +1290,23 @@ def _verify(b, cond, parent, cont, draft_len, greedy, n_read, stop, verify=True)
         if _accept(new, int(g[m]), stop):
             return new, None
     return new, Resume(cond=cond, prompt=b, row=best, matched=matched, token=int(g[matched]))
+
+
+def decode_row_bytes(config, slots: int, itemsize: int = 4) -> int:
+    """Bytes of one decoding row's cache: K and V at every layer for `slots` positions."""
+    return config.n_layers * 2 * config.n_kv_heads * config.d_head * slots * itemsize
+
+
+def _decode_groups(prep, segments, resumes, max_new: int, budget: int) -> list[list[Resume]]:
+    """`resumes` in consecutive groups whose decode caches fit `budget` bytes (a row larger
+    than that alone). A row's cache spans its whole lineage plus `max_new` slots: on a
+    long-answer task (MBPP, hundreds of slots a row) one cache for every row that leaves its
+    draft would grow with the wave, not with the budget. Rows decode independently, so the
+    groups give the same tokens."""
+    slots = sum(seg.ids.shape[1] for seg in segments) + max_new
+    row = decode_row_bytes(prep.config, slots, np.dtype(prep.dtype).itemsize)
+    size = max(1, budget // row)
+    return [resumes[i : i + size] for i in range(0, len(resumes), size)]
 
 
 def _decode(prep, segments, kv, wave, resumes, results, draft_len, fill, stop):
