@@ -201,11 +201,11 @@ def test_generate_conditions_equals_greedy_decoding_whatever_the_drafts(path):
 # two GEMMs), thirteen (40: a GEMM crossing conditions, one row into the next), every row (512)
 @pytest.mark.parametrize("unembed_rows", [1, 7, 40, 512])
 @pytest.mark.parametrize("per_row", [False, True])
-def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_row):
+@pytest.mark.parametrize("decode_bytes", [1, 1 << 30])
+def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_row, decode_bytes):
     """Mean ablation in the decode steps, one fill for all rows or one per row (resample: rows
-    that finish early leave the decode cache with their fill; with a small decode budget
-    (unembed_rows 7: one row's cache) each group of rows takes its own rows' fills); `score`
-    sees each draft row's
+    that finish early leave the decode cache with their fill; with a decode budget of one byte,
+    one row per cache, each row takes its own fill); `score` sees each draft row's
     logits at its real positions, once, however the draft rows are grouped into unembedding
     GEMMs (within a condition or across conditions)."""
     model = cn.load_model(FIXTURES[1])
@@ -218,7 +218,7 @@ def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_ro
     conds = [(), ((0, 1),), ((1, 2),), ((0, 0), (1, 3))]
     got, scores = generate_conditions(
         prepare(model), prompts, conds, mean_z, stop, drafts=drafts, score=lambda c, lg: (c, lg),
-        unembed_rows=unembed_rows, decode_bytes=1 if unembed_rows == 7 else 1 << 30,
+        unembed_rows=unembed_rows, decode_bytes=decode_bytes,
     )  # fmt: skip
     for cond, new, rows in zip(conds, got, scores):
         assert [c for c, _ in rows] == list(range(len(prompts)))  # each row scored once, as itself
@@ -229,6 +229,68 @@ def test_generate_conditions_mean_ablation_and_draft_scores(unembed_rows, per_ro
         ids, mask = model.pad([p + d[0] for p, d in zip(prompts, drafts)])
         ref = model.logits(ids, attention_mask=mask, **kw)  # (B, T, V) rows end at column -1
         np.testing.assert_allclose(lg[:, -3:], ref[:, -3:], atol=ATOL, rtol=0)
+
+
+def test_decode_caches_stay_within_their_budget(monkeypatch):
+    """The rows that leave their drafts decode in caches of at most `decode_bytes` (here 2.5
+    rows' worth: groups of two rows), every row once, and give the greedy tokens; the cache's
+    real K/V bytes are `decode_row_bytes` per row."""
+    import cel_numpy.models.fast as mfast
+
+    model = cn.load_model(FIXTURES[3])
+    rng = np.random.default_rng(9)
+    V = model.config.vocab_size
+    prompts = [list(rng.integers(0, V, size=int(rng.integers(2, 7)))) for _ in range(5)]
+    stop = Stop(ids=(), max_new_tokens=5)
+    conds = [(), ((0, 1),), ((1, 0), (1, 2))]
+    drafts = [[[int(rng.integers(0, V))]] for _ in prompts]  # a guess that rarely holds
+    caches = []
+    real_cache = mfast._decode_cache
+
+    def spy(prep, segments, kv, resumes, draft_len, max_new):
+        cache = real_cache(prep, segments, kv, resumes, draft_len, max_new)
+        slots = cache.k[0].shape[2]
+        row = mfast.decode_row_bytes(prep.config, slots, cache.k[0].itemsize)
+        caches.append((len(resumes), sum(a.nbytes for a in cache.k + cache.v), row))
+        return cache
+
+    monkeypatch.setattr(mfast, "_decode_cache", spy)
+    run = lambda budget: generate_conditions(
+        prepare(model), prompts, conds, None, stop, drafts=drafts, decode_bytes=budget
+    )[0]
+    assert run(1 << 30) == [_greedy(model, prompts, c, stop) for c in conds]
+    (rows, nbytes, row), *_ = caches  # one cache for the wave's every leaving row
+    assert len(caches) == 1 and rows >= 5 and nbytes == rows * row
+    caches.clear()
+    assert run(int(2.5 * row)) == [_greedy(model, prompts, c, stop) for c in conds]
+    assert [r for r, _, _ in caches] == [2] * (rows // 2) + [1] * (rows % 2)
+    assert all(b <= 2.5 * row for _, b, _ in caches)
+
+
+@pytest.mark.parametrize("path", [FIXTURES[1], FIXTURES[4]], ids=lambda p: p.name)
+def test_kept_keys_and_values_hold_only_their_own_bytes(path):
+    """The K/V `ablated_tree` keeps for decoding are arrays of their own, not slices that keep
+    the fused QKV projection (or the stacked conditions) alive: the price counts 2 G E floats
+    per token and layer."""
+    from cel_numpy.models.fast import ablated_tree, continuation_tree, intact_tree
+
+    model = cn.load_model(path)
+    prep, rng = prepare(model), np.random.default_rng(4)
+    V, c = model.config.vocab_size, model.config
+    prompts = [list(rng.integers(0, V, size=int(rng.integers(2, 7)))) for _ in range(3)]
+    drafts = [list(rng.integers(0, V, size=2)) for _ in prompts]
+    segments = continuation_tree(prep, prompts, drafts, [0, 1, 2])
+    intact = intact_tree(prep, segments, slice(None))
+    conds = [(), ((0, 1),), ((1, 0), (1, 2))]
+    _, kv = ablated_tree(prep, intact, conds, None, keep_kv=True)
+    arrays = [a for cond in conds for layer in kv[cond] for k, v in layer for a in (k, v)]
+    assert len(arrays) == len(conds) * c.n_layers * len(segments) * 2
+    for a in arrays:
+        base = a
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        assert base.nbytes == a.nbytes
+        assert a.shape[1] == c.n_kv_heads and a.shape[-1] == c.d_head
 
 
 # ------------------------------------------------------------------------- evaluator: fast == naive

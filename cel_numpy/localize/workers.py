@@ -84,8 +84,10 @@ def activation_bytes(
 
     float32 (`itemsize` 4). These are the largest arrays each step holds, summed as if they were
     alive at once; generation unembeds its draft rows in the same slabs (a draft longer than
-    UNEMBED_ROWS alone). `bench/bench_worker_memory.py` prints the price beside a measured
-    peak."""
+    UNEMBED_ROWS alone). A batch whose prompts and drafts together exceed WAVE_ROWS tokens
+    (long drafts) runs one condition per wave and can exceed the wave's terms, as one decoding
+    row larger than DECODE_CACHE_BYTES exceeds that one. `bench/bench_worker_memory.py` prints
+    the price beside a measured peak."""
     from cel_numpy.localize.fast import MAX_BATCH_TOKENS
 
     c = config

@@ -756,7 +756,8 @@ INTACT_CACHE_BYTES = 1 << 30
 # Memory the machine must still have available for an intact pass to be kept (IntactCache): a
 # last guard for runs that share the machine. Within one run the budgets leave room for the
 # workers' activations (`workers.intact_cache_budget` counts `workers.activation_bytes`, 2.1-3.4
-# GB per worker on the known models, besides the kept passes).
+# GB per worker on the known models for a choice task, 3.1-4.3 GB for a generate task, besides
+# the kept passes).
 INTACT_CACHE_FLOOR = 2 * 2**30
 
 
@@ -884,9 +885,11 @@ def ablated_tree(
                 rows = [slice(i * len(z) // n, (i + 1) * len(z) // n) for z in zs]
                 z_of[p] = [z[r] for z, r in zip(zs, rows)]
                 kv_of[p] = [(k[r], v[r]) for (k, v), r in zip(kvs, rows)]
-        if keep_kv:
+        if keep_kv:  # kept in memory of their own: a slice of the fused QKV would keep all of it
+            kept = {p: [(_own_memory(k), _own_memory(v)) for k, v in kv_of[p]] for p in computed}
+            kept[()] = kv_of[()]
             for c in conds:
-                kv[c].append(kv_of[_below(c, j)])
+                kv[c].append(kept[_below(c, j)])
         new_states: dict[Condition, list[np.ndarray]] = {c: [] for c in children}
         if children:
             n = len(children)
@@ -1027,9 +1030,11 @@ class DecodeCache:
         return _CacheLayer(self, j)
 
     def keep(self, live: np.ndarray) -> None:
-        """Drop finished rows from every buffer."""
-        self.k = [a[live] for a in self.k]
-        self.v = [a[live] for a in self.v]
+        """Drop finished rows from every buffer, one layer at a time (the old and the new
+        buffers of one layer alive at once, not of all)."""
+        for j in range(len(self.k)):
+            self.k[j] = self.k[j][live]
+            self.v[j] = self.v[j][live]
         self.valid = self.valid[live]
 
 
