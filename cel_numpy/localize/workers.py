@@ -96,11 +96,10 @@ def activation_bytes(
     intact = tokens * c.n_layers * (c.d_model + c.n_heads * c.d_head + kv)
     wave = WAVE_ROWS * (3 * c.d_model + c.n_heads * c.d_head + kv + 3 * c.d_mlp)
     unembed = 3 * UNEMBED_ROWS * c.vocab_size
-    fixed = 2 * ATTENTION_BLOCK_BYTES + INTERPRETER_BYTES
-    if generation:
-        wave += WAVE_ROWS * c.n_layers * kv
-        fixed += DECODE_CACHE_BYTES
-    return (intact + wave + unembed) * itemsize + fixed
+    wave_kv = WAVE_ROWS * c.n_layers * kv if generation else 0
+    decode = DECODE_CACHE_BYTES if generation else 0
+    fixed = 2 * ATTENTION_BLOCK_BYTES + INTERPRETER_BYTES + decode
+    return (intact + wave + wave_kv + unembed) * itemsize + fixed
 
 
 def available_cores() -> int:

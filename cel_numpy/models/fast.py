@@ -1082,7 +1082,7 @@ def _decode_cache(prep, segments, kv, resumes, draft_len, max_new) -> DecodeCach
     config = prep.config
     G, E = config.n_kv_heads, config.d_head
     widths = [seg.ids.shape[1] for seg in segments]
-    S0 = sum(widths)
+    S0 = _lineage_width(segments)
     r = len(resumes)
     k = [np.zeros((r, G, S0 + max_new, E), prep.dtype) for _ in range(config.n_layers)]
     v = [np.zeros((r, G, S0 + max_new, E), prep.dtype) for _ in range(config.n_layers)]
@@ -1297,6 +1297,11 @@ def _verify(b, cond, parent, cont, draft_len, greedy, n_read, stop, verify=True)
     return new, Resume(cond=cond, prompt=b, row=best, matched=matched, token=int(g[matched]))
 
 
+def _lineage_width(segments: list[Segment]) -> int:
+    """Positions of a row's whole lineage: every segment's width, end to end."""
+    return sum(seg.ids.shape[1] for seg in segments)
+
+
 def decode_row_bytes(config, slots: int, itemsize: int = 4) -> int:
     """Bytes of one decoding row's cache: K and V at every layer for `slots` positions."""
     return config.n_layers * 2 * config.n_kv_heads * config.d_head * slots * itemsize
@@ -1308,7 +1313,7 @@ def _decode_groups(prep, segments, resumes, max_new: int, budget: int) -> list[l
     long-answer task (MBPP, hundreds of slots a row) one cache for every row that leaves its
     draft would grow with the wave, not with the budget. Rows decode independently, so the
     groups give the same tokens."""
-    slots = sum(seg.ids.shape[1] for seg in segments) + max_new
+    slots = _lineage_width(segments) + max_new  # as `_decode_cache` allocates
     row = decode_row_bytes(prep.config, slots, np.dtype(prep.dtype).itemsize)
     size = max(1, budget // row)
     return [resumes[i : i + size] for i in range(0, len(resumes), size)]
