@@ -8,6 +8,8 @@ One check for every command that writes a folder (`cel-numpy theory --out`, `cel
     prepare_out(out)          create the folder and prove it writable
     run_directory_holding(p)  the run directory (a folder with manifest.json) that is `p` or
                               holds it: commands whose output is not a run refuse to write there
+    check_out(out)            the checks of `prepare_out` that write nothing (for --plan)
+    refuse_inside_run(out)    a run's --out may be a run directory, not a folder inside one
 """
 
 from __future__ import annotations
@@ -44,11 +46,20 @@ def run_directory_holding(path: str | os.PathLike) -> Path | None:
     return None
 
 
-def prepare_out(out: str | os.PathLike, option: str = "--out") -> Path:
-    """Create `out` (and parents) if needed and write a probe file there; else one-line error.
+def refuse_inside_run(out: str | os.PathLike, what: str = "--out") -> None:
+    """OptionError when `out` lies inside a run directory other than itself: a run written
+    there would mix its files with another run's (`out` itself being a run is the resume)."""
+    holder = run_directory_holding(out)
+    if holder is not None and holder != Path(out).resolve():
+        raise OptionError(
+            f"{what} {out} is inside the run directory {holder}: give a folder of its own, "
+            "e.g. a sibling of it"
+        )
 
-    `option` names the argument in the message ("--out" on the command line).
-    """
+
+def check_out(out: str | os.PathLike, option: str = "--out") -> Path:
+    """`out` as a Path if it is a usable --out (empty, or an existing file, is one-line
+    OptionError); nothing is created."""
     if not str(out).strip():
         raise OptionError(f"{option} is empty: give a folder, e.g. {option} results/my-run")
     out = Path(out)
@@ -56,6 +67,15 @@ def prepare_out(out: str | os.PathLike, option: str = "--out") -> Path:
         raise OptionError(
             f"{option} {out} is an existing file, not a directory: give a new or existing directory"
         )
+    return out
+
+
+def prepare_out(out: str | os.PathLike, option: str = "--out") -> Path:
+    """Create `out` (and parents) if needed and write a probe file there; else one-line error.
+
+    `option` names the argument in the message ("--out" on the command line).
+    """
+    out = check_out(out, option)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test-{os.getpid()}"

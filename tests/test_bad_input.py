@@ -1011,6 +1011,97 @@ CASES = [
         r"--cross-tasks: 'ioi' is given twice",
     ),
     Case(
+        "cross-tasks-empty",
+        "localize --cross-tasks '' (not silently every task)",
+        lambda t: _localize("smollm2", t / "run", "--task", "capitals", "--cross-tasks", ""),
+        r"--cross-tasks '' names no task: give task names \(a,b\), all or none",
+    ),
+    Case(
+        "cross-tasks-none-in-a-list",
+        "localize --cross-tasks none,ioi",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "capitals", "--cross-tasks", "none,ioi"
+        ),  # fmt: skip
+        r"--cross-tasks: 'none' stands alone; give it by itself, or list task names",
+    ),
+    Case(
+        "cross-task-is-the-task",
+        "localize --task capitals --cross-tasks ioi,capitals (not silently dropped)",
+        lambda t: _localize(
+            "smollm2", t / "run", "--task", "capitals", "--cross-tasks", "ioi,capitals"
+        ),  # fmt: skip
+        r"--cross-tasks: 'capitals' is the --task itself .*: drop it from --cross-tasks",
+    ),
+    Case(
+        "theory-cross-task-is-the-task",
+        "localize --model theory --task A --cross-tasks a",
+        lambda t: _localize("theory", t / "run", "--task", "A", "--cross-tasks", "a"),
+        r"--cross-tasks: 'a' is the --task itself",
+    ),
+    Case(
+        "tau-with-a-language-model",
+        "localize --tau 0.5 with a language model (theory only)",
+        lambda t: _localize("smollm2", t / "run", "--task", "ioi", "--tau", "0.5"),
+        r"--tau has no effect without --model theory: add it, or drop --tau",
+    ),
+    Case(
+        "theory-seed-with-a-params-file",
+        "test-heads --theory-seed 3 with a language model",
+        lambda t: [
+            "test-heads",
+            "--model",
+            "smollm2",
+            "--task",
+            "ioi",
+            "--heads",
+            "L1H1",
+            "--theory-seed",
+            "3",
+            "--out",
+            str(t / "run"),
+        ],  # fmt: skip
+        r"--theory-seed has no effect without --model theory: add it, or drop --theory-seed",
+    ),
+    Case(
+        "out-inside-a-run",
+        "localize --out inside another run's directory",
+        lambda t: _localize("smollm2", _run_dir(t) / "panels", "--task", "ioi"),
+        r"--out \S+panels is inside the run directory \S+run: give a folder of its own",
+    ),
+    Case(
+        "plan-out-inside-a-run",
+        "localize --plan --out inside another run's directory (as the run refuses it)",
+        lambda t: [*_localize("smollm2", _run_dir(t) / "x", "--task", "ioi"), "--plan"],
+        r"--out \S+x is inside the run directory \S+run",
+    ),
+    Case(
+        "plan-out-is-a-file",
+        "localize --plan --out an existing file (as the run refuses it)",
+        lambda t: [
+            *_localize("smollm2", _write(t, "notes.txt", b"x"), "--task", "ioi"),
+            "--plan",
+        ],  # fmt: skip
+        r"--out \S+notes\.txt is an existing file, not a directory",
+    ),
+    Case(
+        "theory-out-inside-a-run",
+        "theory --out inside a run directory",
+        lambda t: ["theory", "--out", str(_run_dir(t) / "theory"), "--quiet"],
+        r"--out \S+theory is inside the run directory \S+run",
+    ),
+    Case(
+        "summarize-missing",
+        "summarize a path that does not exist",
+        lambda t: ["summarize", str(t / "nothere")],
+        r"nothere does not exist: give a run directory",
+    ),
+    Case(
+        "summarize-a-file",
+        "summarize a file",
+        lambda t: ["summarize", str(_write(t, "notes.txt", b"x"))],
+        r"notes\.txt is a file, not a run directory",
+    ),
+    Case(
         "demo-heldout",
         "demo --heldout 0 (checked before the theory step)",
         lambda t: ["demo", "--out", str(t / "demo"), "--heldout", "0"],

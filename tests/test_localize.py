@@ -684,6 +684,41 @@ def test_cli_theory_stages_and_resume(tmp_path, trained_theory, capsys):
         localize_cli(base[:4] + ["arithmetic"] + base[5:])
 
 
+def test_cli_plan_refuses_what_the_run_refuses_before_its_first_evaluation(tmp_path):
+    """`--plan` reads the model's tokenizer (not its weights) and makes the run's checks of the
+    prompts: a model without tokenizer files, a prompt past the context and a --batch-size past
+    the memory are refused by the plan with the run's own message, not planned."""
+    from helpers import copy_fixture, with_tokenizer
+
+    bare = copy_fixture(tmp_path, "tiny_llama")
+    (tmp_path / "with").mkdir()
+    model = with_tokenizer(copy_fixture(tmp_path / "with", "tiny_llama"))
+    n_ctx = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    rows = [{"id": k, "prompt": f"Item {k} says", "choices": ["yes", "no"], "answer": k % 2}
+            for k in range(20)]  # fmt: skip
+    task = tmp_path / "tiny.jsonl"
+    task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    long = tmp_path / "long.jsonl"
+    rows[3]["prompt"] = " word" * (2 * n_ctx)
+    long.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def argv(model_dir, task_file, *extra):
+        return ["localize", "--model", str(model_dir), "--task", str(task_file), "--discovery",
+                "6", "--heldout", "8", "--cross-tasks", "none", "--out", str(tmp_path / "run"),
+                "--quiet", "--workers", "1", *extra]  # fmt: skip
+
+    assert localize_cli(argv(model, task, "--plan")) == 0
+    for args, message in (
+        (argv(bare, task), "the model has no tokenizer files"),
+        (argv(model, long), "a prompt needs|at least [0-9,]+ tokens"),
+        (argv(model, task, "--batch-size", str(10**11)), "--batch-size 100000000000 needs"),
+    ):
+        for flags in (args, [*args, "--plan"]):  # the same refusal from the plan and the run
+            with pytest.raises(UserError, match=message):
+                localize_cli(flags)
+    assert not list((tmp_path / "run").glob("*"))  # the run made the folder, wrote nothing
+
+
 def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):
     """`--plan` on the tiny Llama (2 layers x 4 heads, from its config.json) and a task file:
     the table before any work (nothing written), then after the screen: finished stages marked,

@@ -6,6 +6,7 @@ run records the file's sha256, so resuming it on a changed file is refused.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -82,6 +83,11 @@ BAD = [  # (the third line of a file, what its error says)
     (dict(Z, clster=1), "unknown key 'clster'"),
     ({"id": "z", "prompt": "x", "answer": "y"}, "a generate item in a file of choice items"),
     ([1, 2], "a line must be a JSON object"),
+    (
+        '{"id": "z", "prompt": "x", "id": "y", "choices": ["a", "b"], "answer": 0}',
+        "key 'id' is given twice in one object",
+    ),  # fmt: skip
+    ({"options": {"normalize": "chars"}}, "the options line must be the file's first line"),
 ]
 
 
@@ -92,6 +98,19 @@ def test_a_bad_line_is_one_line_naming_file_and_line(tmp_path, bad, message):
         FileTask(path)
     text = str(err.value)
     assert text.startswith(f"{path}:3: ") and message in text and "\n" not in text, text
+
+
+def test_a_byte_order_mark_before_the_first_line_is_no_part_of_it(tmp_path):
+    """Editors on Windows may save UTF-8 with a byte-order mark: the items are the same, and
+    the recorded sha256 is still the file's own bytes."""
+    plain = write(tmp_path, [CHOICE[1], CHOICE[2]], "plain.jsonl")
+    marked = tmp_path / "marked.jsonl"
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    a, b = FileTask(plain), FileTask(marked)
+    assert [(it.prompt, it.choices, it.answer) for it in a.items] == [
+        (it.prompt, it.choices, it.answer) for it in b.items
+    ]
+    assert b.sha256 == hashlib.sha256(marked.read_bytes()).hexdigest() != a.sha256
 
 
 @pytest.mark.parametrize(

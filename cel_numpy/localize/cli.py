@@ -19,6 +19,7 @@ from cel_numpy.outdir import out_arg
 from cel_numpy.tasks import CODE_TASKS, TASKS, FileTask
 
 DEFAULT_CANDIDATES = 30  # --screen gradient: heads screened exactly
+DEFAULT_TAU = 1.0  # --tau: a theory prediction is correct iff |y_hat - y| < tau
 
 MAX_SAMPLED_PANEL = (
     100_000  # items per panel of a sampled (theory) task: beyond this, memory, not insight
@@ -120,8 +121,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--tau",
         type=float,
-        default=1.0,
-        help="theory only: correct iff |y_hat - y| < tau (default 1.0)",
+        default=DEFAULT_TAU,
+        help=f"theory only: correct iff |y_hat - y| < tau (default {DEFAULT_TAU})",
     )
     p.add_argument(
         "--theory-seed", type=int, default=0, help="theory only: training seed (default 0)"
@@ -355,12 +356,33 @@ def file_identity(path: Path) -> dict:
 
 
 def _split(names: str) -> list[str]:
-    """--cross-tasks 'a,b' -> ['a', 'b']; a name given twice is an OptionError."""
+    """--cross-tasks 'a,b' -> ['a', 'b']; empty, a name given twice, or all / none beside
+    other names is an OptionError."""
     out = [n.strip() for n in names.split(",") if n.strip()]
+    out = [n.lower() if n.lower() in ("all", "none") else n for n in out]
+    if not out:
+        raise OptionError(
+            f"--cross-tasks {names!r} names no task: give task names (a,b), all or none"
+        )
     for i, name in enumerate(out):
         if name.lower() in (n.lower() for n in out[:i]):
             raise OptionError(f"--cross-tasks: {name!r} is given twice")
+        if name.lower() in ("all", "none") and len(out) > 1:
+            raise OptionError(
+                f"--cross-tasks: {name!r} stands alone; give it by itself, or list task names"
+            )
     return out
+
+
+def _not_the_task(task_name: str, cross_names: list[str], given: list[str]) -> None:
+    """A cross task that is the --task itself is refused, not silently dropped (its own
+    held-out panel is the run's primary test)."""
+    for name, spelled in zip(cross_names, given, strict=True):
+        if name == task_name:
+            raise OptionError(
+                f"--cross-tasks: {spelled!r} is the --task itself (its held-out panel is the "
+                "primary test): drop it from --cross-tasks"
+            )
 
 
 def is_theory(spec: str) -> bool:
@@ -430,16 +452,18 @@ def theory_task_names(args) -> tuple[str, list[str]]:
         raise OptionError(
             f"--model theory has tasks A and B (theory-A, theory-B), not {args.task!r}"
         )
-    if args.cross_tasks in ("all", ""):
+    given = _split(args.cross_tasks)
+    if given == ["all"]:
         return which, ["B" if which == "A" else "A"]
-    if args.cross_tasks == "none":
+    if given == ["none"]:
         return which, []
     cross = []
-    for n in _split(args.cross_tasks):
+    for n in given:
         w = THEORY_TASKS.get(n.upper())
         if w is None:
             raise OptionError(f"--cross-tasks: theory tasks are A and B, not {n!r}")
         cross.append(w)
+    _not_the_task(which, cross, given)
     return which, cross
 
 
@@ -448,11 +472,14 @@ def lm_tasks(args):
     from cel_numpy.tasks import TASKS, get_task
 
     task = get_task(args.task)
-    if args.cross_tasks in ("all", ""):
+    given = _split(args.cross_tasks)
+    if given == ["all"]:
         return task, [t for name, t in TASKS.items() if name != task.name]
-    if args.cross_tasks == "none":
+    if given == ["none"]:
         return task, []
-    return task, [get_task(n) for n in _split(args.cross_tasks)]
+    cross = [get_task(n) for n in given]
+    _not_the_task(task.name, [t.name for t in cross], given)
+    return task, cross
 
 
 def check_panel_sizes(task, cross, n_discovery: int, n_heldout: int) -> None:
@@ -595,24 +622,13 @@ def check_answers_reachable(model, tasks: dict, panels: dict) -> None:
                 )
 
 
-def lm_setup(args, task, cross, evaluator_options: dict | None = None):
-    """(task, cross tasks, make_evaluator, model) for a real language model. `evaluator_options`
-    (extra LMEvaluator keywords) is read when each evaluator is made, so a caller may fill it
-    after this returns (the intact-pass budget, once the worker plan is known)."""
-    evaluator_options = {} if evaluator_options is None else evaluator_options
-    from cel_numpy.localize.evaluate import LMEvaluator
+def check_prompts(args, model, task, cross, itemsize: int) -> None:
+    """What the run checks of its prompts before any evaluation: the model has a tokenizer,
+    every panel's prompts fit its context, every generate item's answer fits max_new_tokens,
+    and --batch-size fits in memory at the longest prompt. `model` needs only its config and
+    tokenizer (`loaders.read_weightless_model` for --plan); `itemsize`: bytes per activation."""
     from cel_numpy.localize.routine import build_panels, cross_panel
-    from cel_numpy.models.loaders import load_model, resolve_source
 
-    path = resolve_source(args.model)
-    size = len(args.heads_parsed) if getattr(args, "heads_parsed", None) else None
-
-    def check_config(config) -> None:  # before any weight is read
-        check_null_sets(args.null_sets, config.n_layers, config.n_heads, size)
-
-    # a folder that is no model fails here, before any hashing
-    model = load_model(args.model, check_config=check_config)
-    ident = file_identity(path)
     if model.tokenizer is None:
         raise OptionError(
             f"--model {args.model}: the model has no tokenizer files (tokenizer.json, or "
@@ -640,9 +656,27 @@ def lm_setup(args, task, cross, evaluator_options: dict | None = None):
     )
     check_answers_reachable(model, tasks, panels)
     full_logits = args.screen == "gradient" or args.gradient_agreement  # test-heads: both off
-    check_batch_memory(
-        args.batch_size, longest, model.config, model.dtype.itemsize, full_logits=full_logits
-    )
+    check_batch_memory(args.batch_size, longest, model.config, itemsize, full_logits=full_logits)
+
+
+def lm_setup(args, task, cross, evaluator_options: dict | None = None):
+    """(task, cross tasks, make_evaluator, model) for a real language model. `evaluator_options`
+    (extra LMEvaluator keywords) is read when each evaluator is made, so a caller may fill it
+    after this returns (the intact-pass budget, once the worker plan is known)."""
+    evaluator_options = {} if evaluator_options is None else evaluator_options
+    from cel_numpy.localize.evaluate import LMEvaluator
+    from cel_numpy.models.loaders import load_model, resolve_source
+
+    path = resolve_source(args.model)
+    size = len(args.heads_parsed) if getattr(args, "heads_parsed", None) else None
+
+    def check_config(config) -> None:  # before any weight is read
+        check_null_sets(args.null_sets, config.n_layers, config.n_heads, size)
+
+    # a folder that is no model fails here, before any hashing
+    model = load_model(args.model, check_config=check_config)
+    ident = file_identity(path)
+    check_prompts(args, model, task, cross, model.dtype.itemsize)
     cache = {}
 
     def make_evaluator(t, reference_items):
@@ -688,6 +722,8 @@ def check_companions(args) -> None:
             "--resample-seed",
             "--ablation resample",
         ),
+        (args.tau != DEFAULT_TAU and not is_theory(args.model), "--tau", "--model theory"),
+        (args.theory_seed != 0 and args.model != "theory", "--theory-seed", "--model theory"),
     ]
     for given_alone, option, companion in needs:
         if given_alone:
@@ -824,9 +860,10 @@ def check_code_consent(args, tasks) -> None:
 
 def _prepare(args):
     """Check everything that needs no model, then (task, cross tasks, make_evaluator, executor)."""
-    from cel_numpy.outdir import prepare_out
+    from cel_numpy.outdir import prepare_out, refuse_inside_run
 
     check_options(args)
+    refuse_inside_run(args.out)
     theory = is_theory(args.model)
     if theory:
         which, cross_names = theory_task_names(args)  # before any work: a wrong name costs nothing
@@ -1060,20 +1097,26 @@ def run_plan(args) -> int:
         search_budget,
         stage_pace,
     )
-    from cel_numpy.models.loaders import read_model_config
+    from cel_numpy.models.loaders import read_weightless_model
+    from cel_numpy.outdir import check_out, refuse_inside_run
 
     check_options(args)
     if is_theory(args.model):
         raise OptionError("--plan is for language models: a theory localization takes seconds")
     if args.pace_from is not None and not args.pace_from.is_dir():
         raise OptionError(f"--pace-from {args.pace_from}: not a directory; give a run directory")
+    check_out(args.out)  # as the run checks before any work, without creating it
+    refuse_inside_run(args.out)
     task, cross = lm_tasks(args)
     check_panel_sizes(task, cross, args.discovery, args.heldout)
     if fold_option(args) is not None:  # as the run checks before any work
         build_panels(task, args.discovery, args.heldout, args.seed, fold_option(args))
-    config = read_model_config(args.model)
+    weightless = read_weightless_model(args.model)  # its configuration and tokenizer
+    config = weightless.config
     n_heads = config.n_layers * config.n_heads
     check_null_sets(args.null_sets, config.n_layers, config.n_heads, None)
+    # the prompts' checks, as the run makes them once the model is loaded (float32 activations)
+    check_prompts(args, weightless, task, cross, itemsize=4)
     if args.matched_null:  # as the run refuses it before any work
         budget = search_budget(n_heads, args.screen, args.candidates)
         check_matched_pool(args.matched_pool, budget, n_heads)
@@ -1198,13 +1241,14 @@ the heads removed together vs the intact model on the same items, gain with the 
 sign-flip p and cluster bootstrap interval (primary), exact McNemar and Newcombe's interval on
 items (secondary); with --null-sets N, N random sets of as many heads on the same panel.
 
-The panel is the held-out panel `cel-numpy localize` builds with the same --seed, --discovery
-and --heldout: a run's seed re-tests its set on that run's held-out panel, a new seed tests it on
-items no run with that seed has seen. Resumable like localize (rerun the same command); writes
-report.md, report.json and the per-example records into --out.
+The panel is the held-out panel `cel-numpy localize` builds with the same --seed, --discovery,
+--heldout and --fold (give them all: the default --heldout is 300 here and 200 in localize): a
+run's options re-test its set on that run's held-out panel, a new seed tests it on items no run
+with that seed has seen. Resumable like localize (rerun the same command); writes report.md,
+report.json and the per-example records into --out.
 
-Example: cel-numpy test-heads --model smollm2 --task capitals --heads L10H3+L11H5+L23H0 \
-             --heldout 300 --seed 7 --out runs/capitals-heads
+Example: cel-numpy test-heads --model smollm2 --task capitals --heads L10H3+L11H5+L23H0 \\
+             --heldout 300 --seed 7 --out results/capitals-heads
 """
 
 
@@ -1268,7 +1312,9 @@ def register_test_heads(subparsers) -> None:
         metavar="N|auto",
         help="processes (default auto: one per core, as memory allows)",
     )
-    p.add_argument("--tau", type=float, default=1.0, help="theory only (default 1.0)")
+    p.add_argument(
+        "--tau", type=float, default=DEFAULT_TAU, help=f"theory only (default {DEFAULT_TAU})"
+    )
     p.add_argument("--theory-seed", type=int, default=0, help="theory only (default 0)")
     add_fold_arguments(p)
     add_intact_memory_argument(p)

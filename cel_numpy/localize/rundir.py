@@ -421,6 +421,10 @@ def read_manifest(run_dir: Path) -> dict:
     """manifest.json of a run directory of the current format (one-line RunDirError otherwise)."""
     path = Path(run_dir) / "manifest.json"
     if not path.exists():
+        if not Path(run_dir).exists():
+            raise RunDirError(f"{run_dir} does not exist: give a run directory (its --out)")
+        if not Path(run_dir).is_dir():
+            raise RunDirError(f"{run_dir} is a file, not a run directory: give its folder (--out)")
         raise RunDirError(f"{run_dir} is not a run directory (no manifest.json)")
     manifest = read_json_object(path, "use a fresh --out")
     fmt = manifest.get("format")

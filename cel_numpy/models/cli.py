@@ -16,8 +16,12 @@ from cel_numpy.models.model import check_text_fits
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("fetch", help="download a known model or vocabulary into the cache")
-    p.add_argument("name", help="known name, e.g. smollm2 or gpt2-tokenizer")
+    p = subparsers.add_parser(
+        "fetch", help="download a known model, vocabulary or benchmark into the cache"
+    )
+    p.add_argument(
+        "name", help="known name, e.g. smollm2, gpt2-tokenizer, hellaswag, boolq or mbpp"
+    )
     p.set_defaults(func=cmd_fetch)
 
     p = subparsers.add_parser(

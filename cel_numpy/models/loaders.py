@@ -114,9 +114,10 @@ def load_model(
 class _ConfigRead(Exception):
     """Raised by `read_model_config`'s check to stop `load_model` before any weight is read."""
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, tokenizer=None):
         super().__init__("config read")
         self.config = config
+        self.tokenizer = tokenizer
 
 
 def read_model_config(source) -> ModelConfig:
@@ -131,6 +132,22 @@ def read_model_config(source) -> ModelConfig:
     except _ConfigRead as done:
         return done.config
     raise RuntimeError(f"{source}: load_model returned without reading a config")  # cannot
+
+
+def read_weightless_model(source):
+    """A Model holding the configuration and tokenizer of a known name, HF folder, .gguf or .npz
+    file and no weights (its forward fails): what the checks of prompts and their token counts
+    need, without the time and memory of the weights (`cel-numpy localize --plan`)."""
+    from cel_numpy.models.model import Model
+
+    def stop(tokenizer, config: ModelConfig) -> None:
+        raise _ConfigRead(config, tokenizer)
+
+    try:
+        load_model(source, check_tokenizer=stop, weight_cache=False)
+    except _ConfigRead as done:
+        return Model({}, done.config, done.tokenizer, source=str(resolve_source(source)))
+    raise RuntimeError(f"{source}: load_model returned without reading a tokenizer")  # cannot
 
 
 def _cache_entry(path: Path, dtype, weight_cache: bool | None) -> Path | None:

@@ -63,6 +63,23 @@ OPTION_DEFAULTS = {
 }
 
 
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _object_without_repeats(pairs: list) -> dict:
+    """json.loads' object_pairs_hook: a key given twice in one object is an error, not the
+    last value silently kept."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise _RepeatedKey(key)
+        out[key] = value
+    return out
+
+
 class FileTask:
     """The items of a JSONL task file (see the module docstring), read and checked at once."""
 
@@ -84,7 +101,7 @@ class FileTask:
         )
         self.sha256 = hashlib.sha256(data).hexdigest()
         try:
-            text = data.decode("utf-8")
+            text = data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark is no item
         except UnicodeDecodeError as e:
             raise OptionError(
                 f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8"
@@ -112,8 +129,12 @@ class FileTask:
 
     def _json(self, n: int, line: str) -> dict:
         try:
-            row = json.loads(line)
+            row = json.loads(line, object_pairs_hook=_object_without_repeats)
             json.dumps(row, ensure_ascii=False).encode("utf-8")  # a lone "\\ud800" fails here
+        except _RepeatedKey as e:
+            raise OptionError(
+                f"{self._where(n)}: key {e.key!r} is given twice in one object; keep one"
+            ) from None
         except json.JSONDecodeError as e:
             raise OptionError(
                 f"{self._where(n)}: not valid JSON ({e.msg}, column {e.colno}); one object per line"
@@ -206,6 +227,8 @@ class FileTask:
 
     def _item(self, n: int, row: dict) -> Item:
         where = self._where(n)
+        if "options" in row:
+            raise OptionError(f"{where}: the options line must be the file's first line")
         unknown = sorted(set(row) - ITEM_KEYS)
         if unknown:
             raise OptionError(f"{where}: unknown key {unknown[0]!r}; known: {', '.join(ITEM_KEYS)}")

@@ -161,10 +161,16 @@ def format_table(summary: dict) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from cel_numpy.outdir import prepare_out
+    from cel_numpy.outdir import prepare_out, run_directory_holding
     from cel_numpy.theory.run import run_theory, sweep_init
 
     config = _config(args)
+    run_dir = run_directory_holding(args.out)
+    if run_dir is not None:
+        raise OptionError(
+            f"--out {args.out} is inside the run directory {run_dir}: give the theory's output "
+            "a folder of its own, e.g. --out results/theory"
+        )
     out = prepare_out(args.out)  # before any training
     progress = not args.quiet
     if args.sweep_init:
