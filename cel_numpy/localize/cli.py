@@ -374,14 +374,17 @@ def _split(names: str) -> list[str]:
     return out
 
 
-def _not_the_task(task_name: str, cross_names: list[str], given: list[str]) -> None:
-    """A cross task that is the --task itself is refused, not silently dropped (its own
-    held-out panel is the run's primary test)."""
+def _say_if_the_task_is_crossed(task_name: str, cross_names: list[str], given: list[str]) -> None:
+    """A cross task that is the --task itself is left out (its own held-out panel is the run's
+    primary test), with a note on stderr rather than silently: one --cross-tasks list may serve
+    a loop over its own tasks, as round 1's command did."""
     for name, spelled in zip(cross_names, given, strict=True):
         if name == task_name:
-            raise OptionError(
-                f"--cross-tasks: {spelled!r} is the --task itself (its held-out panel is the "
-                "primary test): drop it from --cross-tasks"
+            print(
+                f"cel-numpy: note: --cross-tasks {spelled} is the --task itself: its held-out "
+                "panel is the primary test, so it is not tested again as a cross task",
+                file=sys.stderr,
+                flush=True,
             )
 
 
@@ -463,7 +466,7 @@ def theory_task_names(args) -> tuple[str, list[str]]:
         if w is None:
             raise OptionError(f"--cross-tasks: theory tasks are A and B, not {n!r}")
         cross.append(w)
-    _not_the_task(which, cross, given)
+    _say_if_the_task_is_crossed(which, cross, given)
     return which, cross
 
 
@@ -478,7 +481,7 @@ def lm_tasks(args):
     if given == ["none"]:
         return task, []
     cross = [get_task(n) for n in given]
-    _not_the_task(task.name, [t.name for t in cross], given)
+    _say_if_the_task_is_crossed(task.name, [t.name for t in cross], given)
     return task, cross
 
 
