@@ -1031,7 +1031,7 @@ CASES = [
         r"--tau has no effect without --model theory: add it, or drop --tau",
     ),
     Case(
-        "theory-seed-with-a-params-file",
+        "theory-seed-with-a-language-model",
         "test-heads --theory-seed 3 with a language model",
         lambda t: [
             "test-heads",
@@ -1047,6 +1047,20 @@ CASES = [
             str(t / "run"),
         ],  # fmt: skip
         r"--theory-seed has no effect without --model theory: add it, or drop --theory-seed",
+    ),
+    Case(
+        "theory-seed-with-a-params-file",
+        "localize --theory-seed 3 with a trained theory:PATH",
+        lambda t: _localize(
+            f"theory:{_write(t, 'params.npz', b'x')}",
+            t / "run",
+            "--task",
+            "A",
+            "--theory-seed",
+            "3",
+        ),
+        r"--theory-seed trains a new theory model; theory:\S+params\.npz is trained already: drop "
+        r"--theory-seed, or give --model theory",
     ),
     Case(
         "out-inside-a-run",

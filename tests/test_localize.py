@@ -686,8 +686,9 @@ def test_cli_theory_stages_and_resume(tmp_path, trained_theory, capsys):
 
 def test_cli_plan_refuses_what_the_run_refuses_before_its_first_evaluation(tmp_path):
     """`--plan` reads the model's tokenizer (not its weights) and makes the run's checks of the
-    prompts: a model without tokenizer files, a prompt past the context and a --batch-size past
-    the memory are refused by the plan with the run's own message, not planned."""
+    prompts: a model without tokenizer files, a prompt past the context, a chat task on a model
+    without a chat template and a --batch-size past the memory are refused by the plan with the
+    run's own message, not planned."""
     from helpers import copy_fixture, with_tokenizer
 
     bare = copy_fixture(tmp_path, "tiny_llama")
@@ -698,6 +699,8 @@ def test_cli_plan_refuses_what_the_run_refuses_before_its_first_evaluation(tmp_p
             for k in range(20)]  # fmt: skip
     task = tmp_path / "tiny.jsonl"
     task.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    chat = tmp_path / "chat.jsonl"  # the tiny model has no chat template
+    chat.write_text(json.dumps({"options": {"chat": True}}) + "\n" + task.read_text())
     long = tmp_path / "long.jsonl"
     rows[3]["prompt"] = " word" * (2 * n_ctx)
     long.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -711,12 +714,14 @@ def test_cli_plan_refuses_what_the_run_refuses_before_its_first_evaluation(tmp_p
     for args, message in (
         (argv(bare, task), "the model has no tokenizer files"),
         (argv(model, long), "a prompt needs|at least [0-9,]+ tokens"),
+        (argv(model, chat), "has no chat template"),
         (argv(model, task, "--batch-size", str(10**11)), "--batch-size 100000000000 needs"),
     ):
         for flags in (args, [*args, "--plan"]):  # the same refusal from the plan and the run
             with pytest.raises(UserError, match=message):
                 localize_cli(flags)
-    assert not list((tmp_path / "run").glob("*"))  # the run made the folder, wrote nothing
+    run = tmp_path / "run"  # made by the run (the command line removes it again), left empty
+    assert run.is_dir() and not any(run.iterdir())
 
 
 def test_cli_plan_counts_every_stage_and_writes_nothing(tmp_path, capsys):

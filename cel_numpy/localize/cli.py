@@ -222,7 +222,8 @@ def register(subparsers) -> None:
         "--plan",
         action="store_true",
         help="print the (condition x item) evaluations of every stage and exit, writing nothing "
-        "(the model's configuration is read, not its weights); stages already finished in --out "
+        "(the model's configuration and tokenizer are read, not its weights; what the run refuses "
+        "before its first evaluation, the plan refuses); stages already finished in --out "
         "are marked, and the rest timed at the pace of its finished screen or joint stage",
     )
     p.add_argument(
@@ -627,8 +628,9 @@ def check_answers_reachable(model, tasks: dict, panels: dict) -> None:
 
 def check_prompts(args, model, task, cross, itemsize: int) -> None:
     """What the run checks of its prompts before any evaluation: the model has a tokenizer,
-    every panel's prompts fit its context, every generate item's answer fits max_new_tokens,
-    and --batch-size fits in memory at the longest prompt. `model` needs only its config and
+    every panel's prompts fit its context, every generate item's answer fits max_new_tokens, a
+    chat task's prompt renders in the model's chat template, and --batch-size fits in memory at
+    the longest prompt. `model` needs only its config and
     tokenizer (`loaders.read_weightless_model` for --plan); `itemsize`: bytes per activation."""
     from cel_numpy.localize.routine import build_panels, cross_panel
 
@@ -658,6 +660,9 @@ def check_prompts(args, model, task, cross, itemsize: int) -> None:
         },
     )
     check_answers_reachable(model, tasks, panels)
+    for name, t in tasks.items():  # a chat task needs the model's chat template (one render)
+        if getattr(t, "chat", False) and panels.get(name):
+            model.chat([{"role": "user", "content": panels[name][0].prompt}])
     full_logits = args.screen == "gradient" or args.gradient_agreement  # test-heads: both off
     check_batch_memory(args.batch_size, longest, model.config, itemsize, full_logits=full_logits)
 
@@ -726,13 +731,22 @@ def check_companions(args) -> None:
             "--ablation resample",
         ),
         (args.tau != DEFAULT_TAU and not is_theory(args.model), "--tau", "--model theory"),
-        (args.theory_seed != 0 and args.model != "theory", "--theory-seed", "--model theory"),
+        (
+            args.theory_seed != 0 and not is_theory(args.model),
+            "--theory-seed",
+            "--model theory",
+        ),
     ]
     for given_alone, option, companion in needs:
         if given_alone:
             raise OptionError(
                 f"{option} has no effect without {companion}: add it, or drop {option}"
             )
+    if args.theory_seed != 0 and args.model.startswith("theory:"):
+        raise OptionError(
+            f"--theory-seed trains a new theory model; {args.model} is trained already: drop "
+            "--theory-seed, or give --model theory"
+        )
 
 
 def check_options(args) -> None:
@@ -861,30 +875,40 @@ def check_code_consent(args, tasks) -> None:
         print(notice, file=sys.stderr, flush=True)
 
 
+def check_lm_run(args):
+    """(task, cross tasks) of a language-model run after the checks it makes before loading
+    anything, in its order; the run (`_prepare`) and --plan (`run_plan`) share them, so both
+    refuse the same input with the same line. Creates nothing."""
+    from cel_numpy.outdir import check_out, refuse_inside_run
+
+    refuse_inside_run(args.out)
+    task, cross = lm_tasks(args)
+    check_code_consent(args, [task, *cross])
+    check_panel_sizes(task, cross, args.discovery, args.heldout)
+    if fold_option(args) is not None or args.ablation == "resample":
+        from cel_numpy.localize.resample import resample_donors
+        from cel_numpy.localize.routine import build_panels
+
+        # a fold holds about 1/K of the clusters, and resample donors need other clusters:
+        # both are settled by the panels, which cost milliseconds, so try them now
+        _, heldout = build_panels(task, args.discovery, args.heldout, args.seed, fold_option(args))
+        if args.ablation == "resample":
+            resample_donors([it.cluster for it in heldout], resample_seed(args))
+    check_out(args.out)
+    return task, cross
+
+
 def _prepare(args):
     """Check everything that needs no model, then (task, cross tasks, make_evaluator, executor)."""
     from cel_numpy.outdir import prepare_out, refuse_inside_run
 
     check_options(args)
-    refuse_inside_run(args.out)
     theory = is_theory(args.model)
     if theory:
+        refuse_inside_run(args.out)
         which, cross_names = theory_task_names(args)  # before any work: a wrong name costs nothing
     else:
-        task, cross = lm_tasks(args)
-        check_code_consent(args, [task, *cross])
-        check_panel_sizes(task, cross, args.discovery, args.heldout)
-        if fold_option(args) is not None or args.ablation == "resample":
-            from cel_numpy.localize.resample import resample_donors
-            from cel_numpy.localize.routine import build_panels
-
-            # a fold holds about 1/K of the clusters, and resample donors need other clusters:
-            # both are settled by the panels, which cost milliseconds, so try them now
-            _, heldout = build_panels(
-                task, args.discovery, args.heldout, args.seed, fold_option(args)
-            )
-            if args.ablation == "resample":
-                resample_donors([it.cluster for it in heldout], resample_seed(args))
+        task, cross = check_lm_run(args)
     prepare_out(args.out)  # an unwritable --out fails before any model is loaded
     weights, shared, activations, evaluator_options = 0, True, None, {}
     if theory:
@@ -1089,35 +1113,32 @@ def check_plan_against_manifest(args, out: Path, task, cross, config) -> None:
 
 
 def run_plan(args) -> int:
-    """--plan: the evaluations of every stage, from the model's configuration and the options;
-    nothing is written."""
+    """--plan: the evaluations of every stage, from the model's configuration and the options,
+    after the checks the run makes before its first evaluation (the model's tokenizer is read,
+    not its weights); nothing is written."""
     from cel_numpy.localize import rundir as rd
     from cel_numpy.localize.routine import (
         STAGES,
-        build_panels,
         check_matched_pool,
         evaluation_plan,
         search_budget,
         stage_pace,
     )
     from cel_numpy.models.loaders import read_weightless_model
-    from cel_numpy.outdir import check_out, refuse_inside_run
 
     check_options(args)
     if is_theory(args.model):
         raise OptionError("--plan is for language models: a theory localization takes seconds")
     if args.pace_from is not None and not args.pace_from.is_dir():
         raise OptionError(f"--pace-from {args.pace_from}: not a directory; give a run directory")
-    check_out(args.out)  # as the run checks before any work, without creating it
-    refuse_inside_run(args.out)
-    task, cross = lm_tasks(args)
-    check_panel_sizes(task, cross, args.discovery, args.heldout)
-    if fold_option(args) is not None:  # as the run checks before any work
-        build_panels(task, args.discovery, args.heldout, args.seed, fold_option(args))
-    weightless = read_weightless_model(args.model)  # its configuration and tokenizer
+    task, cross = check_lm_run(args)  # as the run, creating nothing
+
+    def check_config(config) -> None:  # as the run checks it, before the tokenizer is read
+        check_null_sets(args.null_sets, config.n_layers, config.n_heads, None)
+
+    weightless = read_weightless_model(args.model, check_config=check_config)
     config = weightless.config
     n_heads = config.n_layers * config.n_heads
-    check_null_sets(args.null_sets, config.n_layers, config.n_heads, None)
     # the prompts' checks, as the run makes them once the model is loaded (float32 activations)
     check_prompts(args, weightless, task, cross, itemsize=4)
     if args.matched_null:  # as the run refuses it before any work

@@ -112,7 +112,8 @@ def load_model(
 
 
 class _ConfigRead(Exception):
-    """Raised by `read_model_config`'s check to stop `load_model` before any weight is read."""
+    """Raised by the checks of `read_model_config` and `read_weightless_model` to stop
+    `load_model` before any weight is read."""
 
     def __init__(self, config: ModelConfig, tokenizer=None):
         super().__init__("config read")
@@ -134,19 +135,31 @@ def read_model_config(source) -> ModelConfig:
     raise RuntimeError(f"{source}: load_model returned without reading a config")  # cannot
 
 
-def read_weightless_model(source):
-    """A Model holding the configuration and tokenizer of a known name, HF folder, .gguf or .npz
-    file and no weights (its forward fails): what the checks of prompts and their token counts
-    need, without the time and memory of the weights (`cel-numpy localize --plan`)."""
+class _NoWeights(dict):
+    """The params of `read_weightless_model`'s Model: any weight read is one clear error."""
+
+    def __missing__(self, key):
+        raise RuntimeError(
+            f"weight {key!r}: this Model was read without its weights (read_weightless_model); "
+            "use load_model for a forward"
+        )
+
+
+def read_weightless_model(source, check_config: Callable[[ModelConfig], None] | None = None):
+    """A Model holding the configuration and tokenizer (and chat template) of a known name, HF
+    folder, .gguf or .npz file and no weights (reading one is a RuntimeError): what the checks
+    of prompts and their token counts need, without the time and memory of the weights
+    (`cel-numpy localize --plan`). check_config as for `load_model`."""
     from cel_numpy.models.model import Model
 
     def stop(tokenizer, config: ModelConfig) -> None:
         raise _ConfigRead(config, tokenizer)
 
+    path = resolve_source(source)  # once: a known name's file is checked (hashed) here
     try:
-        load_model(source, check_tokenizer=stop, weight_cache=False)
+        load_model(path, check_config=check_config, check_tokenizer=stop, weight_cache=False)
     except _ConfigRead as done:
-        return Model({}, done.config, done.tokenizer, source=str(resolve_source(source)))
+        return Model(_NoWeights(), done.config, done.tokenizer, source=str(path))
     raise RuntimeError(f"{source}: load_model returned without reading a tokenizer")  # cannot
 
 
