@@ -368,7 +368,7 @@ def _split(names: str) -> list[str]:
     for i, name in enumerate(out):
         if name.lower() in (n.lower() for n in out[:i]):
             raise OptionError(f"--cross-tasks: {name!r} is given twice")
-        if name.lower() in ("all", "none") and len(out) > 1:
+        if name in ("all", "none") and len(out) > 1:  # lowercased above
             raise OptionError(
                 f"--cross-tasks: {name!r} stands alone; give it by itself, or list task names"
             )
@@ -630,8 +630,8 @@ def check_prompts(args, model, task, cross, itemsize: int) -> None:
     """What the run checks of its prompts before any evaluation: the model has a tokenizer,
     every panel's prompts fit its context, every generate item's answer fits max_new_tokens, a
     chat task's prompt renders in the model's chat template, and --batch-size fits in memory at
-    the longest prompt. `model` needs only its config and
-    tokenizer (`loaders.read_weightless_model` for --plan); `itemsize`: bytes per activation."""
+    the longest prompt. `model` needs only its config and tokenizer
+    (`loaders.read_weightless_model` for --plan); `itemsize`: bytes per activation."""
     from cel_numpy.localize.routine import build_panels, cross_panel
 
     if model.tokenizer is None:
