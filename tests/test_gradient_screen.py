@@ -210,6 +210,32 @@ def test_a_long_screen_says_so_after_its_first_block(monkeypatch):
     )
 
 
+def test_eta_after_the_first_of_parallel_pieces_counts_the_pieces_beside_it(monkeypatch):
+    """Two workers start two chunks of 800 at once; the first ends after 11:54, the second a
+    moment later. The first line's ETA must not be the serial pace's 19:20 (a log of the Qwen
+    BoolQ joint stage said so, and 03:43 on the next line): 714 s / (800/2100) / 2 workers =
+    15:37 in all, so 03:43 left, as the line after the second chunk says too."""
+    import io
+
+    from cel_numpy.localize import progress
+
+    clock = iter([0.0, 714.0, 714.0, 714.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    out = io.StringIO()
+    bar = progress.Progress("joint", 2100, stream=out, parallel=2, unit="evaluations")
+    bar.update(800)
+    bar.update(800)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("joint      about 15:37 in all")
+    assert lines[1].endswith("800/2100 evaluations  38.1%  11:54 elapsed, ETA 03:43")
+    assert lines[2].endswith("1600/2100 evaluations  76.2%  11:54 elapsed, ETA 03:43")
+    clock = iter([0.0, 714.0, 714.0, 714.0])  # one worker: the serial pace is the estimate
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    serial = progress.Progress("joint", 2100, stream=io.StringIO(), parallel=1)
+    serial.update(800)
+    assert serial.line().endswith("ETA 19:20")
+
+
 def test_stage_estimate_weighs_pieces_by_their_text(monkeypatch):
     """A first piece of short items must not predict a short stage: 50 of 500 evaluations that
     hold 4% of the text (as a HellaSwag held-out panel's first slice nearly does) in 60 s, 2

@@ -30,7 +30,8 @@ class Progress:
     SLOW_AFTER seconds, so every long stage says how long it will take before its first 10%;
     slow_hint: printed with it (e.g. how to make a long screen faster); plan: how the
     work runs ("2 workers x 1 BLAS thread"), printed with that estimate; parallel: blocks
-    computed at once (workers), so the first block's time is that of `parallel` blocks;
+    computed at once (workers), so the first block's time is that of `parallel` blocks (the
+    progress line's ETA follows that estimate until `parallel` blocks have been reported);
     heartbeat: seconds of silence after which, inside `with`, a line says the stage is still
     working (0: never); unit: what is counted, printed after the counts ("evaluations").
 
@@ -64,6 +65,8 @@ class Progress:
         self.work_done = 0.0
         self.start = time.monotonic()
         self.next_decile = 1
+        self.updates = 0  # pieces of work reported so far
+        self.first_estimate: float | None = None  # seconds for the stage, from its first piece
         self.slow_hint = slow_hint
         self.plan = plan
         self.parallel = max(1, int(parallel))
@@ -119,7 +122,14 @@ class Progress:
         frac = self.done / self.total if self.total else 1.0
         elapsed = time.monotonic() - self.start
         share = self._work_fraction()
-        eta = elapsed / share * (1 - share) if self.done and share > 0 else float("nan")
+        if self.first_estimate is not None and self.updates < self.parallel:
+            # the first wave: its other pieces ran beside the first and are nearly done too,
+            # so the time left is the first piece's estimate for the stage less what has passed
+            eta = max(self.first_estimate - elapsed, 0.0)
+        elif self.done and share > 0:
+            eta = elapsed / share * (1 - share)
+        else:
+            eta = float("nan")
         filled = int(frac * self.width)
         bar = "#" * filled + "-" * (self.width - filled)
         eta_s = _fmt_seconds(eta) if eta == eta else "--:--"
@@ -135,12 +145,14 @@ class Progress:
         first = self.done == 0
         self.done = min(self.total, self.done + n)
         self.work_done += n if work is None else work
+        self.updates += 1
         if not self.enabled:
             return
         share = self._work_fraction()
         if first and self.done < self.total and share > 0:  # (a piece of no work says nothing)
             elapsed = time.monotonic() - self.start
             estimate = elapsed / share / min(self.parallel, self.total)
+            self.first_estimate = estimate
             if estimate > SLOW_AFTER:
                 plan = f" with {self.plan}" if self.plan else ""
                 hint = f"; {self.slow_hint}" if self.slow_hint else ""
