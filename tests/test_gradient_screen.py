@@ -229,6 +229,13 @@ def test_eta_after_the_first_of_parallel_pieces_counts_the_pieces_beside_it(monk
     assert lines[0].startswith("joint      about 15:37 in all")
     assert lines[1].endswith("800/2100 evaluations  38.1%  11:54 elapsed, ETA 03:43")
     assert lines[2].endswith("1600/2100 evaluations  76.2%  11:54 elapsed, ETA 03:43")
+    clock = iter([0.0, 620.0, 620.0])  # a first piece of 800 beside one of 300 (a confirm log)
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    uneven = io.StringIO()
+    progress.Progress("confirm", 1100, stream=uneven, parallel=2, unit="evaluations").update(800)
+    lines = uneven.getvalue().splitlines()  # not "about 07:06 in all", less than its own 10:20
+    assert lines[0].startswith("confirm    about 10:20 in all")
+    assert lines[1].endswith("10:20 elapsed, ETA 00:00")
     clock = iter([0.0, 714.0, 714.0, 714.0])  # one worker: the serial pace is the estimate
     monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     serial = progress.Progress("joint", 2100, stream=io.StringIO(), parallel=1)

@@ -151,7 +151,9 @@ class Progress:
         share = self._work_fraction()
         if first and self.done < self.total and share > 0:  # (a piece of no work says nothing)
             elapsed = time.monotonic() - self.start
-            estimate = elapsed / share / min(self.parallel, self.total)
+            # at least the first piece's own time: a piece holding more than 1/parallel of the
+            # work (a confirm stage of 800 + 300 evaluations) bounds the stage from below
+            estimate = max(elapsed, elapsed / share / min(self.parallel, self.total))
             self.first_estimate = estimate
             if estimate > SLOW_AFTER:
                 plan = f" with {self.plan}" if self.plan else ""
