@@ -311,11 +311,15 @@ def test_chunks_hold_at_most_chunk_items_evaluations():
     blocks = [rd.Block(f"s{i}", "heldout", ((0, i),)) for i in range(11)]
     blocks += [rd.Block(f"d{i}", "discovery", ((1, i),)) for i in range(10)]
     chunks = chunk_blocks(blocks, {"heldout": 500, "discovery": 100}, 8, 1600)
-    assert [len(c) for c in chunks] == [3, 3, 3, 2, 8, 2]  # 1600 // 500 = 3; 8 on 100 items
+    # 1600 // 500 = 3 per chunk: 11 in four chunks; 8 on 100 items: 10 in two chunks, evenly
+    assert [len(c) for c in chunks] == [2, 3, 3, 3, 5, 5]
     assert [b for c in chunks for b in c] == blocks  # order kept, panels never mixed
     assert all(len({b.panel for b in c}) == 1 for c in chunks)
     # a panel larger than the budget still gets one condition per chunk
     assert [len(c) for c in chunk_blocks(blocks[:3], {"heldout": 5000}, 8, 1600)] == [1, 1, 1]
+    # a confirm stage (11 conditions on 100 items): 5 + 6, never 8 + 3 beside an idle worker
+    confirm = [rd.Block(f"c{i}", "discovery", ((1, i),)) for i in range(11)]
+    assert [len(c) for c in chunk_blocks(confirm, {"discovery": 100}, 8, 1600)] == [5, 6]
 
 
 def test_chunk_items_changes_no_record(tmp_path):
