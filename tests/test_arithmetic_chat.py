@@ -65,8 +65,7 @@ def test_subtraction_keeps_negative_answers(task):
 
 def test_cluster_is_the_problem(task):
     item = task.item_at("mul2", 123)
-    if "cluster" in Item.__dataclass_fields__:
-        assert item.cluster == item.prompt.split("What is ", 1)[1].removesuffix("?\nAnswer:")
+    assert item.cluster == item.prompt.split("What is ", 1)[1].removesuffix("?\nAnswer:")
 
 
 @pytest.mark.parametrize(

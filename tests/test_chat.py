@@ -83,11 +83,11 @@ def test_raise_exception_is_a_one_line_prompt_error():
 
 def test_the_sandbox_refuses_python_internals():
     escape = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
-    with pytest.raises(UserError) as info:
+    with pytest.raises(UserError, match="SecurityError: access to attribute '__class__'") as info:
         render_chat(escape, [{"role": "user", "content": "x"}])
     assert "\n" not in str(info.value)
     ns = "{% set n = namespace(_secret=1) %}{{ n }}"
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="cannot store underscore attributes on a namespace"):
         render_chat(ns, [{"role": "user", "content": "x"}])
 
 

@@ -131,7 +131,7 @@ def test_gradient_run_resumes_and_refuses_a_changed_estimate_file(tmp_path):
     saved = json.loads(path.read_text())
     saved["estimate"][0][0] += 1.0
     path.write_text(json.dumps(saved))
-    with pytest.raises(RunDirError):
+    with pytest.raises(RunDirError, match="computed from different earlier stages"):
         _run_gradient(tmp_path)
 
 

@@ -484,7 +484,7 @@ def test_lock_stops_a_second_writer(tmp_path):
 
 
 def test_lock_is_released_on_error(tmp_path):
-    with pytest.raises(UserError):
+    with pytest.raises(UserError, match="two intact passes disagree"):  # raised under the lock
         run_fake(tmp_path / "run", until="baseline", ev={"flaky": True})
     assert not (tmp_path / "run" / "lock").exists()
 

@@ -259,7 +259,7 @@ def test_matched_gate_verdict_needs_a_positive_gain_below_the_gate(tmp_path):
     assert verdict(+9, 0.01) is None
     assert verdict(-9, 0.01) == {"gate": 0.05, "gain": -9, "p_value": 0.01}
     assert verdict(+9, 0.05) == {"gate": 0.05, "gain": 9, "p_value": 0.05}  # p < gate, strictly
-    assert verdict(0, 0.0) is not None
+    assert verdict(0, 0.0) == {"gate": 0.05, "gain": 0, "p_value": 0.0}  # no gain: skipped
     (tmp_path / "matched-pool.jsonl").write_text("")  # matched records on disk: never skipped
     assert verdict(-9, 0.01) is None
 
