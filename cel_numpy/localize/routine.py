@@ -39,6 +39,7 @@ so every task sees the same intervention).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -359,16 +360,10 @@ def chunk_blocks(
     of nearly equal size: a confirm stage's 11 conditions on 100 items give 5 + 6, not 8 + 3,
     so that two workers finish together (the 8 + 3 split kept one idle for 5/8 of the stage)."""
     chunks: list[list[rd.Block]] = []
-    start = 0
-    while start < len(blocks):
-        panel = blocks[start].panel
-        stop = start
-        while stop < len(blocks) and blocks[stop].panel == panel:
-            stop += 1
+    for panel, run in itertools.groupby(blocks, key=lambda block: block.panel):
+        run = list(run)
         per_chunk = max(1, min(chunk_size, chunk_items // max(1, panel_sizes[panel])))
-        run_slices = panel_slices(stop - start, per_chunk)
-        chunks += [list(blocks[start + r.start : start + r.stop]) for r in run_slices]
-        start = stop
+        chunks += [run[rows.start : rows.stop] for rows in panel_slices(len(run), per_chunk)]
     return chunks
 
 
