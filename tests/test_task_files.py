@@ -88,6 +88,7 @@ BAD = [  # (the third line of a file, what its error says)
         "key 'id' is given twice in one object",
     ),  # fmt: skip
     ({"options": {"normalize": "chars"}}, "the options line must be the file's first line"),
+    (json.dumps(Z) + "\u2028", "not valid JSON"),  # JSON allows no U+2028 outside a string
 ]
 
 
@@ -120,6 +121,7 @@ def test_a_byte_order_mark_before_the_first_line_is_no_part_of_it(tmp_path):
         ({"normalize": "tokens"}, "option normalize = 'tokens' is not allowed"),
         ({"max_new_tokens": 0}, "option max_new_tokens = 0"),
         ({"scoring": "generate"}, "the options say scoring 'generate'"),
+        ({"name": "two\nlines"}, "option name = 'two"),  # a report's header is one line
     ],
 )
 def test_bad_options_name_the_line(tmp_path, options, message):
@@ -264,6 +266,68 @@ def test_measure_benchmarks_two_processes_merge_and_refuse_other_settings(tmp_pa
                         str(tmp_path / "old.jsonl")])  # fmt: skip
 
 
+def test_lines_end_at_newlines_only(tmp_path):
+    """U+2028, U+0085 and a form feed inside a JSON string are text, not line ends (Python's
+    str.splitlines cuts at them): the prompts keep them, and a later bad line is still named by
+    its own number, as `grep -n` and editors count."""
+    odd = dict(Z, id="odd", prompt="one\u2028two\x85three\x0cfour")
+    path = tmp_path / "items.jsonl"
+    lines = [json.dumps(CHOICE[1]), json.dumps(odd, ensure_ascii=False), json.dumps(CHOICE[2])]
+    path.write_text("\r\n".join(lines) + "\r\n", encoding="utf-8")
+    task = FileTask(path)
+    assert [it.prompt for it in task.items][1] == odd["prompt"] and len(task.items) == 3
+    path.write_text("\n".join([*lines, json.dumps(dict(Z, answer=5))]) + "\n", encoding="utf-8")
+    with pytest.raises(OptionError, match="answer index 5") as err:
+        FileTask(path)
+    assert str(err.value).startswith(f"{path}:4: "), err.value
+
+
+def test_a_byte_that_is_not_utf8_is_named_by_its_line(tmp_path):
+    path = tmp_path / "items.jsonl"
+    good = (json.dumps(CHOICE[1]) + "\n" + json.dumps(CHOICE[2]) + "\n").encode()
+    before = b'{"id": "c", "prompt": "caf'  # then a Latin-1 e-acute, which UTF-8 never is
+    path.write_bytes(good + before + b'\xe9", "choices": ["a", "b"], "answer": 0}\n')
+    with pytest.raises(OptionError) as err:
+        FileTask(path)
+    byte = len(good) + len(before)
+    said = f"{path}:3: not UTF-8 text (byte {byte}); save the file as UTF-8"
+    assert str(err.value) == said
+
+
+def test_a_prompt_too_long_for_the_context_names_its_line_and_item(tmp_path):
+    """The tiny Llama's context is 64 tokens: a prompt of 3 million characters is refused by
+    its length alone, and a generate item whose prompt fits but whose max_new_tokens does not
+    is refused naming max_new_tokens; both name the item's line and id, exit 2, before any
+    work."""
+    model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))
+    rows = [
+        {"id": k, "prompt": f"Item {k} is", "choices": ["a", "b"], "answer": 0} for k in range(12)
+    ]
+    rows[5] = dict(rows[5], prompt="x" * 3_000_000)
+    path = write(tmp_path, rows, "long.jsonl")
+    argv = ["test-heads", "--model", str(model), "--task", str(path), "--heads", "L0H1",
+            "--discovery", "4", "--heldout", "8", "--out", str(tmp_path / "refused")]  # fmt: skip
+    status, err = run_cli(argv)
+    assert status == 2 and re.search(
+        rf"error: {re.escape(str(path))}:6: item '5' \((discovery|heldout) panel\): its prompt "
+        r"is 3,000,001 characters",  # with its longest choice
+        err,
+    ), err
+    gen = [{"options": {"max_new_tokens": 1000}}]
+    gen += [{"id": k, "prompt": f"Item {k} says", "answer": "ab"} for k in range(12)]
+    write(tmp_path, gen, "long.jsonl")
+    status, err = run_cli(argv)
+    assert status == 2 and re.search(
+        rf"error: {re.escape(str(path))}:[0-9]+: item '[0-9]+' \((discovery|heldout) panel\): "
+        r"a prompt "
+        r"needs [0-9]+ tokens with its answer \([0-9]+ for the prompt, max_new_tokens 1000 for "
+        r"the answer\), more than the model's context of 64 tokens: lower max_new_tokens in the "
+        r"file's options line",
+        err,
+    ), err
+    assert "\n" not in err.strip() and not (tmp_path / "refused").exists()
+
+
 def test_a_device_or_fifo_is_refused_before_it_is_read(tmp_path):
     """/dev/zero never ends and a FIFO blocks forever: both are refused by their file kind."""
     fifo = tmp_path / "items.jsonl"
@@ -325,8 +389,9 @@ def test_an_answer_longer_than_max_new_tokens_is_refused_naming_the_item(tmp_pat
     argv[argv.index("--out") + 1] = str(tmp_path / "refused")
     status, err = run_cli(argv)
     assert status == 2 and re.search(
-        r"item 'long' \((discovery|heldout) panel\) needs 6 tokens", err
-    )
+        r"gen\.jsonl:13: item 'long' \((discovery|heldout) panel\) of task 'gen' needs 6 tokens",
+        err,
+    ), err
     assert "more than max_new_tokens 3: it could never be scored correct" in err
     assert not (tmp_path / "refused").exists()
 

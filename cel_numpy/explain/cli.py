@@ -87,7 +87,9 @@ def run(args) -> int:
         )
     check_heads(heads, model.config.n_layers, model.config.n_heads, what="--heads")
     _, items = build_panels(task, args.discovery, args.heldout, args.seed)
-    check_prompt_lengths(model, {"heldout": items}, {"heldout": task.max_new_tokens})
+    check_prompt_lengths(
+        model, {"heldout": items}, {"heldout": task.max_new_tokens}, {"heldout": task}
+    )
     say = None if args.quiet else (lambda line: print(line, flush=True))
     report = explain(
         model, task, heads, items, batch_size=args.batch_size, spec=args.model, progress=say

@@ -566,22 +566,39 @@ def check_batch_memory(
     )
 
 
-def check_prompt_lengths(model, panels: dict, max_new_tokens: dict) -> int:
+def check_prompt_lengths(
+    model, panels: dict, max_new_tokens: dict, tasks: dict | None = None
+) -> int:
     """Every prompt (with its longest choice, or its generated answer) fits the model's context;
-    returns the longest such length in tokens."""
+    returns the longest such length in tokens. `tasks` (panel name -> task): an item of a task
+    file is named by its file, line and id."""
     n_ctx = model.config.n_ctx
     fix = "use a model with a longer context or another task (a task file: shorten the item)"
     longest = 1
     for name, items in panels.items():
+        task = (tasks or {}).get(name)
+        new = max_new_tokens.get(name, 0)
         for it in items:
+            if isinstance(task, FileTask):
+                where = f"{task.where_item(it)} ({name} panel)"
+                what = f"{where}: its prompt"
+            else:
+                where = f"task {it.task!r} ({name} panel)"
+                what = f"a prompt of {where}"
             text = it.prompt + max(it.choices, key=len, default="")
-            model.check_text_length(text, f"a prompt of task {it.task!r} ({name} panel)", fix)
-            n = len(model.encode(text)) + max_new_tokens.get(name, 0)
+            model.check_text_length(text, what, fix)
+            n = len(model.encode(text)) + new
             longest = max(longest, n)
             if n > n_ctx:
+                parts = f" ({n - new} for the prompt, max_new_tokens {new} for the answer)"
                 raise PromptError(
-                    f"task {it.task!r} ({name} panel): a prompt needs {n} tokens with its answer, "
-                    f"more than the model's context of {n_ctx} tokens: {fix}"
+                    f"{where}: a prompt needs {n} tokens with its answer{parts if new else ''}, "
+                    f"more than the model's context of {n_ctx} tokens: "
+                    + (
+                        f"lower max_new_tokens in the file's options line, or {fix}"
+                        if new and isinstance(task, FileTask)
+                        else fix
+                    )
                 )
     return longest
 
@@ -619,7 +636,7 @@ def check_answers_reachable(model, tasks: dict, panels: dict) -> None:
             )
             if need > task.max_new_tokens:
                 raise OptionError(
-                    f"task {task.name!r}: item {task.file_ids[it.id]!r} ({name} panel) needs "
+                    f"{task.where_item(it)} ({name} panel) of task {task.name!r} needs "
                     f"{need} tokens for its shortest answer, more than max_new_tokens "
                     f"{task.max_new_tokens}: it could never be scored correct; raise "
                     "max_new_tokens in the file's options line, or drop the item"
@@ -658,6 +675,7 @@ def check_prompts(args, model, task, cross, itemsize: int) -> None:
             name: getattr(t, "max_new_tokens", 0) if t.scoring == "generate" else 0
             for name, t in tasks.items()
         },
+        tasks,
     )
     check_answers_reachable(model, tasks, panels)
     for name, t in tasks.items():  # a chat task needs the model's chat template (one render)

@@ -103,10 +103,17 @@ class FileTask:
         try:
             text = data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark is no item
         except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
             raise OptionError(
-                f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8"
+                f"{path}:{line}: not UTF-8 text (byte {e.start}); save the file as UTF-8"
             ) from None
-        lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+        # lines end at "\n" (and "\r\n") only: str.splitlines would also cut at U+2028, U+0085
+        # and other characters a JSON string may hold
+        lines = [
+            (n, line.removesuffix("\r"))
+            for n, line in enumerate(text.split("\n"), 1)
+            if line.strip()
+        ]
         rows = [(n, self._json(n, line)) for n, line in lines]
         options, options_line = {}, rows[0][0] if rows else 1
         if rows and "options" in rows[0][1]:
@@ -120,12 +127,17 @@ class FileTask:
         self._set_scoring_options(options_line)
         self.accepted: dict[str, frozenset[str]] = {}  # generate items: item id -> answers
         self.file_ids: dict[str, str] = {}  # Item.id -> the id in the file
+        self.line_of: dict[str, int] = {}  # Item.id -> its line in the file
         self.items = self._items(rows)
 
     # ------------------------------------------------------------------ reading
 
     def _where(self, n: int) -> str:
         return f"{self.path}:{n}"
+
+    def where_item(self, item: Item) -> str:
+        """An item's place for an error message: `items.jsonl:7: item 'q7'`."""
+        return f"{self._where(self.line_of[item.id])}: item {self.file_ids[item.id]!r}"
 
     def _json(self, n: int, line: str) -> dict:
         try:
@@ -169,7 +181,7 @@ class FileTask:
                 f"{', '.join(OPTION_DEFAULTS)}"
             )
         checks = {
-            "name": lambda v: isinstance(v, str) and v.strip() and "/" not in v,
+            "name": lambda v: isinstance(v, str) and v.strip() and v.isprintable() and "/" not in v,
             "scoring": lambda v: v in ("choice", "generate"),
             "separator": lambda v: isinstance(v, str),
             "normalize": lambda v: v in ("none", "chars"),
@@ -221,7 +233,7 @@ class FileTask:
                     "an item repeated would be counted twice"
                 )
             seen_ids[file_id], seen_items[item.id] = n, n
-            self.file_ids[item.id] = file_id
+            self.file_ids[item.id], self.line_of[item.id] = file_id, n
             items.append(item)
         return items
 
