@@ -27,7 +27,7 @@ Heads = tuple[Head, ...]  # sorted, no head twice; () = intact
 
 INTACT_NAME = "intact"
 HOW = "write heads as L3H1 (layer 3, head 1, counted from 0), several as L3H1+L5H0"
-_NAME = re.compile(r"\s*[Ll](\d+)[Hh](\d+)\s*")
+_NAME = re.compile(r"\s*[Ll]([0-9]+)[Hh]([0-9]+)\s*")  # ASCII digits ("\d" takes "٣" too)
 
 
 def head_name(head: Head) -> str:
@@ -57,9 +57,12 @@ def _parse_name(text: str, what: str) -> list[Head]:
     heads = []
     for part in re.split(r"[+,]", text):
         match = _NAME.fullmatch(part)
+        if match is None and not part.strip():
+            shown = text if len(text) <= 60 else text[:57] + "..."
+            raise _fail(what, f"{shown!r} has an empty name (a + or , at an end, or two in a row): {HOW}")
         if match is None:
-            shown = part.strip() or text
-            old = re.fullmatch(r"(\d+)\.(\d+)", shown)  # the dotted spelling of earlier versions
+            shown = part.strip() if len(part.strip()) <= 60 else part.strip()[:57] + "..."
+            old = re.fullmatch(r"([0-9]+)\.([0-9]+)", shown)  # the dotted spelling of old versions
             hint = f"write L{old[1]}H{old[2]} for layer {old[1]}, head {old[2]}" if old else HOW
             raise _fail(what, f"{shown!r} is not a head name: {hint}")
         heads.append((int(match.group(1)), int(match.group(2))))

@@ -10,6 +10,8 @@ One check for every command that writes a folder (`cel-numpy theory --out`, `cel
                               holds it: commands whose output is not a run refuse to write there
     check_out(out)            the checks of `prepare_out` that write nothing (for --plan)
     refuse_inside_run(out)    a run's --out may be a run directory, not a folder inside one
+    refuse_other_output(out)  ... nor a folder holding a report of something else (an explain
+                              report), which the run's report would overwrite
 """
 
 from __future__ import annotations
@@ -54,6 +56,25 @@ def refuse_inside_run(out: str | os.PathLike, what: str = "--out") -> None:
         raise OptionError(
             f"{what} {out} is inside the run directory {holder}: give a folder of its own, "
             "e.g. a sibling of it"
+        )
+
+
+# files a run writes that other commands (explain) write too, by name
+RUN_REPORT_NAMES = ("report.json", "report.md", "finalists.json", "matched-gate.json")
+
+
+def refuse_other_output(out: str | os.PathLike, what: str = "--out") -> None:
+    """OptionError when `out` is a folder without a run's manifest.json that holds a file a
+    run would write (report.json, report.md, ...): that file is some other command's result
+    (an explain report) and the run would overwrite it."""
+    out = Path(out)
+    if not out.is_dir() or (out / "manifest.json").is_file():
+        return
+    clash = next((name for name in RUN_REPORT_NAMES if (out / name).exists()), None)
+    if clash is not None:
+        raise OptionError(
+            f"{what} {out} holds {clash} but no manifest.json: it is not a run directory, and "
+            "the run would overwrite that file: give a folder of its own"
         )
 
 

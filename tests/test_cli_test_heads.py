@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from helpers import copy_fixture, with_tokenizer
 
 from cel_numpy.cli import main
 from cel_numpy.errors import InvalidHeadError
@@ -87,6 +88,19 @@ def test_stages_and_bad_heads(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert not (tmp_path / "c").exists()  # refused before any work
+
+
+def test_a_head_the_model_lacks_is_refused_before_workers_start(tmp_path, capsys):
+    """Checked against the model's configuration, before any weight is read or a worker is
+    planned: the one line on stderr is the error, with no worker note before it."""
+    model = with_tokenizer(copy_fixture(tmp_path, "tiny_llama"))  # 2 layers x 4 heads
+    argv = ["test-heads", "--model", str(model), "--task", "agreement", "--heads", "L0H99",
+            "--discovery", "4", "--heldout", "4", "--workers", "2",
+            "--out", str(tmp_path / "r")]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--heads: head L0H99 is not in the model" in err, err
+    assert not (tmp_path / "r").exists()
 
 
 # --------------------------------------------------------------------------- summarize

@@ -59,8 +59,10 @@ REJECTED = [
     ("L3.H1", r"'L3\.H1' is not a head name"),
     ("L3H1H2", r"'L3H1H2' is not a head name"),
     ("L-1H0", r"'L-1H0' is not a head name"),
-    ("L3H1+", r"'L3H1\+' is not a head name"),
-    ("L3H1++L5H0", r"'L3H1\+\+L5H0' is not a head name"),
+    ("L3H1+", r"'L3H1\+' has an empty name \(a \+ or , at an end, or two in a row\)"),
+    ("L3H1++L5H0", r"'L3H1\+\+L5H0' has an empty name"),
+    ("L0H0+" * 3000, r"'L0H0\+L0H0\+.{47}\.\.\.' has an empty name"),  # shown in 60 characters
+    ("L\u0663H1", r"'L\u0663H1' is not a head name"),  # digits are ASCII digits
     ("1-2", r"'1-2' is not a head name"),
     ("head 3", r"'head 3' is not a head name"),
     ("L3H1+L3H1", r"L3H1 is given twice$"),

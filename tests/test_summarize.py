@@ -125,7 +125,8 @@ def test_a_report_that_is_not_a_json_object_is_one_line(runs, tmp_path, capsys, 
     (run,) = _copy(runs, tmp_path, "a")
     (run / "report.json").write_bytes(content.encode("latin-1"))
     assert main(["summarize", str(run)]) == 2
-    assert words in _err(capsys)
+    err = _err(capsys)
+    assert words in err and "rerun the run's command (in its manifest.json) with the same" in err
 
 
 def test_the_advice_for_a_damaged_report_repairs_it(runs, tmp_path, capsys, trained_theory):  # noqa: F811

@@ -70,8 +70,14 @@ def run(args) -> int:
     heads = parse_heads(args.heads, what="--heads")
     if not heads:
         raise OptionError("--heads: name at least one head, e.g. L13H2 or L8H1+L13H2")
-    if args.batch_size < 1:
-        raise OptionError(f"--batch-size must be at least 1, got {args.batch_size}")
+    for flag, value, least in (
+        ("--batch-size", args.batch_size, 1),
+        ("--discovery", args.discovery, 1),
+        ("--heldout", args.heldout, 1),
+        ("--seed", args.seed, 0),
+    ):
+        if value < least:
+            raise OptionError(f"{flag} must be at least {least}, got {value}")
     check_panel_sizes(task, [], args.discovery, args.heldout)
     run_dir = run_directory_holding(args.out)
     if run_dir is not None:

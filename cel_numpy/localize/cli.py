@@ -12,7 +12,12 @@ from cel_numpy.errors import OptionError, PromptError
 from cel_numpy.limits import as_path, check_memory
 from cel_numpy.localize.evaluate import BATCH_SIZE
 from cel_numpy.localize.fast import MAX_BATCH_TOKENS
-from cel_numpy.localize.ranking import TIE_BREAKS, check_null_set_count, check_null_sets
+from cel_numpy.localize.ranking import (
+    MAX_NULL_SETS,
+    TIE_BREAKS,
+    check_null_set_count,
+    check_null_sets,
+)
 from cel_numpy.localize.routine import MATCHED_POOL, SCREENS
 from cel_numpy.models.loaders import KNOWN_NAMES
 from cel_numpy.outdir import out_arg
@@ -690,6 +695,7 @@ def lm_setup(args, task, cross, evaluator_options: dict | None = None):
     (extra LMEvaluator keywords) is read when each evaluator is made, so a caller may fill it
     after this returns (the intact-pass budget, once the worker plan is known)."""
     evaluator_options = {} if evaluator_options is None else evaluator_options
+    from cel_numpy.heads import check_heads
     from cel_numpy.localize.evaluate import LMEvaluator
     from cel_numpy.models.loaders import load_model, resolve_source
 
@@ -697,6 +703,8 @@ def lm_setup(args, task, cross, evaluator_options: dict | None = None):
     size = len(args.heads_parsed) if getattr(args, "heads_parsed", None) else None
 
     def check_config(config) -> None:  # before any weight is read
+        if size:  # test-heads: its heads exist in this model
+            check_heads(args.heads_parsed, config.n_layers, config.n_heads, what="--heads")
         check_null_sets(args.null_sets, config.n_layers, config.n_heads, size)
 
     # a folder that is no model fails here, before any hashing
@@ -813,6 +821,14 @@ def check_options(args) -> None:
             "--matched-null and --matched-seed must be >= 0 and --matched-pool >= 1 (got "
             f"{args.matched_null}, {args.matched_seed}, {args.matched_pool})"
         )
+    if args.matched_null > MAX_NULL_SETS:
+        raise OptionError(
+            f"--matched-null {args.matched_null}: each replicate is one more best-of-pool pick, "
+            f"tested on held-out; at most {MAX_NULL_SETS:,} are run"
+        )
+    resample = getattr(args, "resample_seed", None)
+    if resample is not None and resample < 0:
+        raise OptionError(f"--resample-seed must be >= 0, got {resample}")
     if getattr(args, "matched_gate", None) is not None and not args.matched_null:
         raise OptionError("--matched-gate gates the matched null: it needs --matched-null R")
     if args.candidates < 10:
@@ -897,9 +913,10 @@ def check_lm_run(args):
     """(task, cross tasks) of a language-model run after the checks it makes before loading
     anything, in its order; the run (`_prepare`) and --plan (`run_plan`) share them, so both
     refuse the same input with the same line. Creates nothing."""
-    from cel_numpy.outdir import check_out, refuse_inside_run
+    from cel_numpy.outdir import check_out, refuse_inside_run, refuse_other_output
 
     refuse_inside_run(args.out)
+    refuse_other_output(args.out)
     task, cross = lm_tasks(args)
     check_code_consent(args, [task, *cross])
     check_panel_sizes(task, cross, args.discovery, args.heldout)
@@ -918,12 +935,13 @@ def check_lm_run(args):
 
 def _prepare(args):
     """Check everything that needs no model, then (task, cross tasks, make_evaluator, executor)."""
-    from cel_numpy.outdir import prepare_out, refuse_inside_run
+    from cel_numpy.outdir import prepare_out, refuse_inside_run, refuse_other_output
 
     check_options(args)
     theory = is_theory(args.model)
     if theory:
         refuse_inside_run(args.out)
+        refuse_other_output(args.out)
         which, cross_names = theory_task_names(args)  # before any work: a wrong name costs nothing
     else:
         task, cross = check_lm_run(args)

@@ -425,8 +425,13 @@ def read_manifest(run_dir: Path) -> dict:
             raise RunDirError(f"{run_dir} does not exist: give a run directory (its --out)")
         if not Path(run_dir).is_dir():
             raise RunDirError(f"{run_dir} is a file, not a run directory: give its folder (--out)")
-        raise RunDirError(f"{run_dir} is not a run directory (no manifest.json)")
-    manifest = read_json_object(path, "use a fresh --out")
+        raise RunDirError(
+            f"{run_dir} is not a run directory (no manifest.json): give the --out of a "
+            "localize or test-heads run"
+        )
+    manifest = read_json_object(
+        path, "the run directory is damaged: rerun its command with a fresh --out"
+    )
     fmt = manifest.get("format")
     if fmt in OLD_FORMATS:
         raise RunDirError(

@@ -48,6 +48,14 @@ def cell(text) -> str:
     return out.replace("|", "\\|")
 
 
+# what repairs a damaged report.json: the report stage rewrites it from the kept records
+REPAIR_REPORT = (
+    "not a report cel-numpy wrote (edited or damaged); rerun the run's command (in its "
+    "manifest.json) with the same --out: its report stage rewrites report.json from the kept "
+    "records"
+)
+
+
 def _check(cond: bool, path: Path, field: str, value, want: str) -> None:
     if not cond:
         shown = "missing (or null)" if value is None else repr(value)
@@ -215,7 +223,7 @@ def load_run(run_dir) -> dict:
             "manifest.json)"
         )
     # a regular file (a FIFO would hang, a device never end), size-capped, one line otherwise
-    report = read_json(path, "report", error=RunDirError)
+    report = read_json(path, "report", error=RunDirError, hint=REPAIR_REPORT)
     return {
         "dir": str(run_dir),
         "manifest": check_manifest(manifest, run_dir / "manifest.json"),
