@@ -59,7 +59,9 @@ def _parse_name(text: str, what: str) -> list[Head]:
         match = _NAME.fullmatch(part)
         if match is None and not part.strip():
             shown = text if len(text) <= 60 else text[:57] + "..."
-            raise _fail(what, f"{shown!r} has an empty name (a + or , at an end, or two in a row): {HOW}")
+            raise _fail(
+                what, f"{shown!r} has an empty name (a + or , at an end, or two in a row): {HOW}"
+            )
         if match is None:
             shown = part.strip() if len(part.strip()) <= 60 else part.strip()[:57] + "..."
             old = re.fullmatch(r"([0-9]+)\.([0-9]+)", shown)  # the dotted spelling of old versions

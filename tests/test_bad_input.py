@@ -1957,6 +1957,39 @@ def test_empty_and_too_long_prompts_through_the_model_api(tmp_path):
         model.generate("x" * 60, max_new_tokens=10)
 
 
+def test_the_model_api_refuses_what_it_would_misread(tmp_path):
+    """Each of these used to give a result: a string read as one prompt per character, layer -1
+    as the last block run on the embeddings, batch_size -1 as no batch (all zeros), a mask of
+    0.5 or of zeros weighing keys, a float id truncated. Now each is one line saying what to
+    give."""
+    from cel_numpy.errors import InvalidHeadError, OptionError
+
+    model = cn.load_model(with_tokenizer(copy_fixture(tmp_path, "tiny_gpt2")))
+    ids, mask = model.pad([[5, 7, 9], [3, 4]])
+    refused = [
+        (PromptError, "a string is one prompt, so pass \\[text\\]", lambda: model.logits("hello")),
+        (PromptError, "a string is one prompt", lambda: model.mean_z("hello")),
+        (InvalidHeadError, "layer -1 is not in", lambda: model.attention_pattern(ids, -1)),
+        (InvalidHeadError, "layer 2 is not in", lambda: model.attention_pattern(ids, 2)),
+        (OptionError, "batch_size must be a", lambda: model.mean_z(ids, mask, batch_size=-1)),
+        (OptionError, "batch_size must be a", lambda: model.row_mean_z(ids, batch_size=0)),
+        (PromptError, "needs at least one 1", lambda: model.logits(ids, np.zeros_like(mask))),
+        (PromptError, "only 0 \\(padding\\) and 1", lambda: model.logits(ids, mask * 0.5)),
+        (PromptError, r"attention_mask has shape \(2, 2\)", lambda: model.logits(ids, mask[:, 1:])),
+        (PromptError, "different lengths with an attention_mask",
+         lambda: model.logits([[1, 2], [3]], [[1, 1], [1, 1]])),
+        (PromptError, "must be integers, got 1.7", lambda: model.decode([1.7])),
+        (PromptError, "must be integers, got True", lambda: model.decode([True])),
+        (PromptError, "token id -1 is out of range", lambda: model.decode([-1])),
+    ]  # fmt: skip
+    for error, message, call in refused:
+        with pytest.raises(error, match=message) as info:
+            call()
+        assert "\n" not in str(info.value)
+    assert model.logits(ids, mask).shape == (2, 3, 96)  # what is right still runs
+    assert model.decode(np.array([5, 7])) == model.decode([5, 7])
+
+
 if __name__ == "__main__":  # print the rows of the table in docs/bad_input.md
     import tempfile
 

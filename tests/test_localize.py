@@ -483,6 +483,27 @@ def test_lock_stops_a_second_writer(tmp_path):
     assert not (out / "lock").exists()  # released after the run
 
 
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"seed": 1.7}, "seed must be an integer >= 0, got 1.7"),
+        ({"seed": "1"}, "seed must be an integer >= 0, got '1'"),
+        ({"n_held": 2.5}, "n_heldout must be an integer >= 1, got 2.5"),
+        ({"null_sets": 2.5}, "null_sets must be an integer >= 0, got 2.5"),
+        ({"null_seed": -1}, "null_seed must be an integer >= 0, got -1"),
+        ({"n_nominees": -1}, "n_nominees must be an integer >= 1, got -1"),
+        ({"n_finalists": 0}, "n_finalists must be an integer >= 1, got 0"),
+        ({"chunk_size": 0}, "chunk_size must be an integer >= 1, got 0"),
+    ],
+)
+def test_the_python_api_refuses_counts_it_would_truncate(tmp_path, kw, message):
+    """seed=1.7 ran as seed 1 and n_nominees=-1 dropped a nominee (nominees[:-1]); each is now
+    refused before anything is written."""
+    with pytest.raises(UserError, match=message):
+        run_fake(tmp_path / "run", until="baseline", **kw)
+    assert not (tmp_path / "run" / "manifest.json").exists()
+
+
 def test_lock_is_released_on_error(tmp_path):
     with pytest.raises(UserError, match="two intact passes disagree"):  # raised under the lock
         run_fake(tmp_path / "run", until="baseline", ev={"flaky": True})

@@ -185,3 +185,22 @@ def test_holm_step_down():
     assert holm([0.2, 0.6]) == pytest.approx([0.4, 0.6])
     assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])
     assert holm([]) == []
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: holm([float("nan"), 0.01]), "p-values must be numbers in \\[0, 1\\], got nan"),
+        (lambda: holm([1.5, 0.2]), "got 1.5"),
+        (lambda: holm([-0.5, 0.2]), "got -0.5"),
+        (lambda: sign_flip_test([float("nan"), 1.0]), "gains must be finite"),
+        (lambda: sign_flip_test([float("inf"), 1.0]), "gains must be finite"),
+        (lambda: sign_flip_test([1.0, 2.0], method="monte-carlo", n_resamples=-5), "n_resamples"),
+    ],
+    ids=["holm-nan", "holm-above-1", "holm-negative", "nan-gain", "inf-gain", "no-resamples"],
+)
+def test_a_value_no_test_can_take_is_refused(call, message):
+    """Each used to give a number that looks valid: a NaN gain p = 0, a NaN p-value turning a
+    valid 0.01 into 1.0, -5 resamples p = -0.25."""
+    with pytest.raises(ValueError, match=message):
+        call()

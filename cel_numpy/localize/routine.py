@@ -350,6 +350,17 @@ def describe_single_process() -> str:
     return f"1 process, {n} BLAS thread{'s' * (n != 1)}"
 
 
+def check_whole_numbers(**values: tuple) -> None:
+    """UserError naming the first argument that is not an integer at least its bound:
+    name=(value, least); a value of None (an optional seed) passes."""
+    for name, (value, least) in values.items():
+        if value is None:
+            continue
+        whole = hasattr(value, "__index__") and not isinstance(value, (bool, str))  # numpy ints
+        if not whole or value < least:
+            raise UserError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
 def chunk_blocks(
     blocks: Sequence[rd.Block], panel_sizes: dict[str, int], chunk_size: int, chunk_items: int
 ) -> list[list[rd.Block]]:
@@ -444,6 +455,22 @@ class Localizer:
         matched_gate: float | None = None,
         gradient_agreement: bool = False,
     ):
+        check_whole_numbers(  # a 2.5 or a "1" would be truncated or fail deep inside
+            n_discovery=(n_discovery, 1),
+            n_heldout=(n_heldout, 1),
+            seed=(seed, 0),
+            null_sets=(null_sets, 0),
+            null_seed=(null_seed, 0),
+            matched_null=(matched_null, 0),
+            matched_pool=(matched_pool, 1),
+            matched_seed=(matched_seed, 0),
+            n_nominees=(n_nominees, 1),
+            n_finalists=(n_finalists, 1),
+            n_candidates=(n_candidates, 1),
+            chunk_size=(chunk_size, 1),
+            chunk_items=(chunk_items, 1),
+            slice_items=(slice_items, 1),
+        )
         if n_discovery < 1 or n_heldout < 1:
             raise UserError(
                 f"--discovery and --heldout must be >= 1 (got {n_discovery}, {n_heldout})"

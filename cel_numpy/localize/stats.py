@@ -45,6 +45,7 @@ multi-run summary.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
@@ -181,7 +182,11 @@ def sign_flip_test(
     """
     if method not in ("auto", "exact", "monte-carlo"):
         raise ValueError(f"method must be auto, exact or monte-carlo, got {method!r}")
+    if not (isinstance(n_resamples, (int, np.integer)) and n_resamples >= 1):
+        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
     g = np.asarray([x for x in gains if x != 0], dtype=np.float64)  # (m,)
+    if not np.isfinite(g).all():  # a NaN or inf gain would give p = 0
+        raise ValueError("gains must be finite numbers; got a NaN or an infinity")
     m = len(g)
     if m == 0:
         return SignFlipResult(1.0, "exact", 0, 1, 0.0, None)
@@ -353,6 +358,8 @@ def clustered_mean(
     draws), so the gain rate and this mean come from one resampling scheme."""
     if len(clusters) != len(values) or not len(values):
         raise ValueError(f"need one cluster per value, got {len(clusters)} and {len(values)}")
+    if not np.isfinite(np.asarray(values, dtype=np.float64)).all():
+        raise ValueError("values must be finite numbers; got a NaN or an infinity")
     total: dict[str, float] = {}
     size: dict[str, int] = {}
     for c, v in zip(clusters, values):
@@ -371,6 +378,9 @@ def clustered_mean(
 
 def holm(p_values: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (family-wise error), in the input order."""
+    bad = next((p for p in p_values if not (isinstance(p, numbers.Real) and 0 <= p <= 1)), None)
+    if bad is not None or any(isinstance(p, bool) for p in p_values):  # NaN fails 0 <= p
+        raise ValueError(f"p-values must be numbers in [0, 1], got {bad!r}")
     m = len(p_values)
     order = sorted(range(m), key=lambda i: p_values[i])
     adjusted = [0.0] * m

@@ -33,6 +33,7 @@ from cel_numpy.errors import (
     InvalidHeadError,
     ModelFileError,
     NoTokenizerError,
+    OptionError,
     PromptError,
     UserError,
 )
@@ -67,6 +68,31 @@ def check_text_fits(
             f"{what} is {len(text):,} characters, at least {bound:,} tokens: more than the "
             f"{n_tokens:,} tokens {why}: {fix}"
         )
+
+
+def check_attention_mask(mask, shape: tuple[int, ...]) -> np.ndarray:
+    """An attention_mask of `shape` holding only 0 (padding) and 1 (a token), with at least one
+    token per row; PromptError otherwise (a 0.5 or a NaN would weigh a key, an all-zero row
+    would attend to nothing)."""
+    mask = np.asarray(mask)
+    if mask.shape != tuple(shape):
+        raise PromptError(
+            f"attention_mask has shape {mask.shape}, the ids {tuple(shape)}: give one 0/1 "
+            "entry per token"
+        )
+    if mask.dtype == bool:
+        mask = mask.astype(np.int64)
+    if mask.size and not np.isin(mask, (0, 1)).all():
+        raise PromptError("attention_mask must hold only 0 (padding) and 1 (a token)")
+    if mask.size and not mask.any(axis=-1).all():
+        raise PromptError("every row of attention_mask needs at least one 1: a row of padding only")
+    return mask
+
+
+def check_batch_size(batch_size) -> None:
+    """OptionError unless batch_size is a positive integer."""
+    if not (_is_int(batch_size) and batch_size >= 1):
+        raise OptionError(f"batch_size must be a positive integer, got {batch_size!r}")
 
 
 def _is_int(x) -> bool:
@@ -174,6 +200,10 @@ class Model:
         check_text_fits(self.tokenizer, text, self.config.n_ctx, what, fix=fix)
 
     def decode(self, ids: Iterable[int]) -> str:
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise PromptError(f"decode takes a sequence of token ids, got {type(ids).__name__}")
+        ids = ids.ravel().tolist() if isinstance(ids, np.ndarray) else list(ids)
+        self.check_ids(ids)  # a float or bool id would be truncated, a negative one wrap around
         return self._require_tokenizer().decode([int(i) for i in ids])
 
     # ------------------------------------------------------------------ batches
@@ -229,24 +259,34 @@ class Model:
 
     def as_batch(self, ids, attention_mask=None) -> tuple[np.ndarray, np.ndarray]:
         """ids as list of lists (padded here) or (B, T) array (mask of ones if not given)."""
+        if isinstance(ids, (str, bytes)):  # list("hello") would be five one-letter prompts
+            raise PromptError(
+                "ids must be a batch: a string is one prompt, so pass [text] (or [ids])"
+            )
         if isinstance(ids, np.ndarray):
             if ids.ndim != 2:
-                raise ValueError(
+                raise PromptError(
                     f"ids must be a (B, T) batch, got shape {ids.shape}: wrap one prompt as [ids]"
                 )
             self.check_ids(ids)
             if attention_mask is None:
                 attention_mask = np.ones(ids.shape, dtype=np.int64)
-            return ids, np.asarray(attention_mask)
+            return ids, check_attention_mask(attention_mask, ids.shape)
         seqs = list(ids)
         if seqs and isinstance(seqs[0], (int, np.integer)):
-            raise ValueError("ids must be a batch (a list of id lists): wrap one prompt as [ids]")
+            raise PromptError("ids must be a batch (a list of id lists): wrap one prompt as [ids]")
         if seqs and isinstance(seqs[0], str):
             seqs = [self.encode(s) for s in seqs]
         if attention_mask is not None:
             for seq in seqs:
                 self.check_ids(seq)
-            return np.asarray(seqs, dtype=np.int64), np.asarray(attention_mask)
+            if len({len(s) for s in seqs}) > 1:
+                raise PromptError(
+                    "prompts of different lengths with an attention_mask: pass them without "
+                    "a mask (they are padded here), or as one (B, T) array"
+                )
+            batch = np.asarray(seqs, dtype=np.int64)
+            return batch, check_attention_mask(attention_mask, batch.shape)
         return self.pad(seqs)
 
     # ------------------------------------------------------------------ ablation
@@ -272,6 +312,7 @@ class Model:
         reference: list of id lists (or strings), or a (B, T) array with its attention_mask.
         """
         ids, mask = self.as_batch(reference, attention_mask)
+        check_batch_size(batch_size)
         c = self.config
         total = np.zeros((c.n_layers, c.n_heads, c.d_head), dtype=np.float64)
         for _, layer, z, valid in self._intact_z(ids, mask, batch_size):
@@ -282,6 +323,7 @@ class Model:
         """Per row of `reference`, each head's mean z over that row's non-pad positions, intact
         model: (L, N, H, E), in the row order given (what resample ablation fills in)."""
         ids, mask = self.as_batch(reference)
+        check_batch_size(batch_size)
         c = self.config
         out = np.zeros((c.n_layers, ids.shape[0], c.n_heads, c.d_head), dtype=np.float64)
         for rows, layer, z, valid in self._intact_z(ids, mask, batch_size):
@@ -360,9 +402,14 @@ class Model:
         activations): what a picture of one layer needs, in a fraction of the memory of
         run_with_cache.
         """
+        c = self.config
+        if not (_is_int(layer) and 0 <= layer < c.n_layers):
+            raise InvalidHeadError(
+                f"layer {layer!r} is not in the model: it has {c.n_layers} layers, 0 to "
+                f"{c.n_layers - 1} (counted from 0)"
+            )
         ids, mask = self.as_batch(ids)
         head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
-        c = self.config
         inputs = prepare_inputs(c, mask, ids.shape[1], self.dtype)
         x = embed(self.params, c, ids, inputs.positions)  # (B, T, D)
         ablation_kw = {"head_mask": head_mask, "head_fill": head_fill}
