@@ -1981,6 +1981,11 @@ def test_the_model_api_refuses_what_it_would_misread(tmp_path):
         (PromptError, "must be integers, got 1.7", lambda: model.decode([1.7])),
         (PromptError, "must be integers, got True", lambda: model.decode([True])),
         (PromptError, "token id -1 is out of range", lambda: model.decode([-1])),
+        (OptionError, "max_new_tokens must be an integer >= 0, got -5",
+         lambda: model.generate("hello", -5)),
+        (OptionError, "got 2.0", lambda: model.generate("hello", 2.0)),
+        (PromptError, "must be integers, got 57.5",
+         lambda: model.generate_ids([[5, 7]], 2, stop_ids=[57.5])),
     ]  # fmt: skip
     for error, message, call in refused:
         with pytest.raises(error, match=message) as info:

@@ -537,11 +537,17 @@ class Model:
         (e.g. the tokenizer's end-of-turn and end-of-text ids), else eos when stop_at_eos -- and
         the loop stops when all rows have. Padding rows of the vocabulary are never chosen.
         """
+        if not (_is_int(max_new_tokens) and max_new_tokens >= 0):
+            raise OptionError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         ids, mask = self.pad(prompts)
         head_mask, head_fill = self.intervention(ablate, ablation, reference, mean_z)
         if stop_ids is None:
             eos = getattr(self.tokenizer, "eos_id", None) if stop_at_eos else None
             stop_ids = () if eos is None else (eos,)
+        if isinstance(stop_ids, (str, bytes)) or not isinstance(stop_ids, Iterable):
+            raise PromptError(f"stop_ids must be a sequence of token ids, got {stop_ids!r:.40}")
+        stop_ids = list(stop_ids)
+        self.check_ids(stop_ids)  # a 57.5 would stop at 57
         stops = frozenset(int(i) for i in stop_ids)
         B = ids.shape[0]
         new: list[list[int]] = [[] for _ in range(B)]
