@@ -1991,6 +1991,8 @@ def test_the_model_api_refuses_what_it_would_misread(tmp_path):
         with pytest.raises(error, match=message) as info:
             call()
         assert "\n" not in str(info.value)
+    with pytest.raises(OptionError, match="dtype must be float32 or float64, got None"):
+        cn.load_model(with_tokenizer(copy_fixture(tmp_path / "b", "tiny_gpt2")), dtype=None)
     assert model.logits(ids, mask).shape == (2, 3, 96)  # what is right still runs
     assert model.decode(np.array([5, 7])) == model.decode([5, 7])
 

@@ -15,7 +15,9 @@ from cel_numpy.localize.stats import (
     holm,
     mcnemar_exact,
     newcombe_paired_interval,
+    paired_summary,
     sign_flip_test,
+    wilson_interval,
 )
 
 
@@ -202,5 +204,30 @@ def test_holm_step_down():
 def test_a_value_no_test_can_take_is_refused(call, message):
     """Each used to give a number that looks valid: a NaN gain p = 0, a NaN p-value turning a
     valid 0.01 into 1.0, -5 resamples p = -0.25."""
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: wilson_interval(5, -10), "n must be a count"),
+        (lambda: wilson_interval(11, 10), "x must be at most n"),
+        (lambda: wilson_interval(5, 10, z=-1.0), "z must be a positive number"),
+        (lambda: newcombe_paired_interval(-1, 2, 3, 4), "a must be a count"),
+        (lambda: mcnemar_exact(2.5, 1), "rescued must be a count"),
+        (lambda: paired_summary([], []), "no paired items"),
+        (lambda: paired_summary(["no", "yes"], [True, False]), "must be True or False, got 'no'"),
+        (lambda: cluster_bootstrap_interval([1.0], [1], n_resamples=0), "n_resamples"),
+        (lambda: cluster_bootstrap_interval([1.0], [1], level=2.0), "level must be between"),
+        (lambda: cluster_bootstrap_interval([1.0], [0]), "every cluster size at least 1"),
+        (lambda: sign_flip_test([1.0, 2.0], method="monte-carlo", seed=1.7), "seed must be"),
+    ],
+    ids=["negative-n", "x-above-n", "negative-z", "negative-cell", "float-count", "empty",
+         "strings", "no-resamples", "level-2", "empty-cluster", "float-seed"],
+)  # fmt: skip
+def test_impossible_counts_are_refused_not_summarized(call, message):
+    """Each returned an interval, p-value or summary that looked valid: (0, -2.05) for 5 of
+    -10, n = 0 with p = 1 for no items, two strings counted as correct."""
     with pytest.raises(ValueError, match=message):
         call()

@@ -496,3 +496,22 @@ def test_fold_layout_of_the_readme_sizes():
     assert layout["antonyms"]["heldout"]["clusters"] == 63
     assert layout["ioi"]["heldout"]["clusters"] == 190
     assert layout["arithmetic"]["heldout"]["clusters"] == 300
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ((get_task("capitals"), 4, 4, None), "seed must be an integer >= 0, got None"),
+        ((get_task("capitals"), 4, 4, 1.7), "seed must be an integer >= 0, got 1.7"),
+        ((get_task("capitals"), True, 4, 0), "n_discovery must be a positive integer, got True"),
+        (("capitals", 4, 4, 0), "takes a task object, got the name 'capitals'"),
+    ],
+    ids=["seed-none", "seed-float", "size-bool", "task-name"],
+)
+def test_make_panels_refuses_what_no_one_could_rebuild(args, message):
+    """seed=None drew fresh entropy (panels nobody could rebuild), True made a 1-item panel, a
+    task name failed with an AttributeError."""
+    from cel_numpy.errors import OptionError
+
+    with pytest.raises(OptionError, match=message):
+        make_panels(*args)

@@ -437,3 +437,35 @@ def test_dispatcher_prints_one_line_error_for_unwritable_out(tmp_path, capsys):
     rc = cli.main(["theory", "--steps", "100000000", "--out", str(blocker / "sub"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "cannot write to --out" in err, err
+
+
+def test_run_theory_refuses_a_seed_it_could_not_repeat(tmp_path):
+    """seed=None drew fresh entropy; eval_samples=0 gave NaN losses."""
+    from cel_numpy.theory.run import run_theory
+    from cel_numpy.theory.train import TrainConfig
+
+    for seed, kw, message in (
+        (None, {}, "seed must be an integer >= 0, got None"),
+        (0, {"eval_samples": 0}, "eval_samples must be a positive integer, got 0"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            run_theory(TrainConfig(), seed, tmp_path / "out", **kw)
+    assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("field", ["steps", "n_heads", "batch_size"])
+def test_train_config_counts_are_whole_numbers(field):
+    """steps=2.5 failed later inside range() with a TypeError; now the config says which."""
+    from cel_numpy.theory.train import TrainConfig
+
+    with pytest.raises(ValueError, match=f"{field} must be an integer >= 1, got 2.5"):
+        TrainConfig(**{field: 2.5})
+
+
+def test_concentration_of_no_heads_says_so():
+    """An empty list was reported as "every c-loading is zero"."""
+    from cel_numpy.theory.analysis import concentration
+
+    with pytest.raises(ValueError, match="no head's c-loading was given"):
+        concentration([])
+    assert concentration([0.5, -0.5, 0.0, 0.0]) == 0.5  # max |beta| / sum |beta|

@@ -57,8 +57,26 @@ N_BOOTSTRAP = 10_000
 N_MONTE_CARLO = 100_000
 
 
+def _check_counts(**counts) -> None:
+    """ValueError naming the first count that is not a whole number >= 0 (a -1 or a 2.5 would
+    give an interval or a p-value that looks valid)."""
+    for name, value in counts.items():
+        if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0):
+            raise ValueError(f"{name} must be a count (an integer >= 0), got {value!r}")
+
+
+def _check_seed(seed) -> None:
+    if not (isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and seed >= 0):
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+
+
 def wilson_interval(x: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """Wilson score interval for x successes out of n (Newcombe 1998 method 3)."""
+    _check_counts(x=x, n=n)
+    if x > n:
+        raise ValueError(f"x = {x} successes out of n = {n}: x must be at most n")
+    if not (isinstance(z, numbers.Real) and math.isfinite(z) and z > 0):
+        raise ValueError(f"z must be a positive number, got {z!r}")
     if n == 0:
         return 0.0, 1.0
     p = x / n
@@ -84,6 +102,7 @@ def mover_difference(
 
 def newcombe_paired_interval(a: int, b: int, c: int, d: int) -> tuple[float, float]:
     """95% interval for (b - c) / n, n = a + b + c + d (see the module docstring for the cells)."""
+    _check_counts(a=a, b=b, c=c, d=d)
     n = a + b + c + d
     if n == 0:
         return -1.0, 1.0
@@ -103,6 +122,7 @@ def newcombe_paired_interval(a: int, b: int, c: int, d: int) -> tuple[float, flo
 
 def mcnemar_exact(rescued: int, damaged: int) -> float:
     """Two-sided exact McNemar p-value: binomial test of rescued out of rescued + damaged at 1/2."""
+    _check_counts(rescued=rescued, damaged=damaged)
     k = rescued + damaged
     if k == 0:
         return 1.0
@@ -132,6 +152,11 @@ def paired_summary(intact: list[bool], ablated: list[bool]) -> PairedSummary:
         raise ValueError(
             f"paired data of different lengths: {len(intact)} intact vs {len(ablated)} ablated"
         )
+    if not len(intact):
+        raise ValueError("no paired items: a summary of nothing has no count, interval or test")
+    bad = next((v for v in [*intact, *ablated] if not isinstance(v, (bool, np.bool_))), None)
+    if bad is not None:  # "no" is truthy: it would count as correct
+        raise ValueError(f"each verdict must be True or False, got {bad!r}")
     a = sum(1 for i, j in zip(intact, ablated) if i and j)
     b = sum(1 for i, j in zip(intact, ablated) if not i and j)
     c = sum(1 for i, j in zip(intact, ablated) if i and not j)
@@ -184,6 +209,7 @@ def sign_flip_test(
         raise ValueError(f"method must be auto, exact or monte-carlo, got {method!r}")
     if not (isinstance(n_resamples, (int, np.integer)) and n_resamples >= 1):
         raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+    _check_seed(seed)
     g = np.asarray([x for x in gains if x != 0], dtype=np.float64)  # (m,)
     if not np.isfinite(g).all():  # a NaN or inf gain would give p = 0
         raise ValueError("gains must be finite numbers; got a NaN or an infinity")
@@ -254,6 +280,13 @@ def cluster_bootstrap_interval(
     n = np.asarray(sizes, dtype=np.float64)  # (C,)
     if len(g) != len(n) or len(g) == 0:
         raise ValueError(f"need one size per cluster, got {len(g)} gains and {len(n)} sizes")
+    if not np.isfinite(g).all() or not (n >= 1).all():
+        raise ValueError("gains must be finite and every cluster size at least 1")
+    if not (isinstance(n_resamples, numbers.Integral) and n_resamples >= 1):
+        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+    if not (isinstance(level, numbers.Real) and 0 < level < 1):
+        raise ValueError(f"level must be between 0 and 1, got {level!r}")
+    _check_seed(seed)
     rng = np.random.default_rng(seed)
     rates = np.empty(n_resamples)
     step = max(1, 2**22 // len(g))

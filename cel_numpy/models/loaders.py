@@ -72,6 +72,8 @@ def load_model(
     """
     from cel_numpy.models.model import Model
 
+    if dtype is None:  # np.dtype(None) is float64: say which
+        raise OptionError("dtype must be float32 or float64, got None")
     try:
         dtype = np.dtype(dtype)
     except TypeError:

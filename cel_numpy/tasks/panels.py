@@ -171,10 +171,19 @@ def make_panels(
     """(discovery, heldout): n_discovery and n_heldout distinct items, no cluster in both;
     with fold=(k, K) every cluster of both comes from fold k of K (see the module docstring)."""
     for label, n in (("n_discovery", n_discovery), ("n_heldout", n_heldout)):
-        if not isinstance(n, (int, np.integer)) or n < 1:
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
             raise OptionError(
                 f"{label} must be a positive integer, got {n!r}: an empty panel measures nothing"
             )
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise OptionError(  # None would draw fresh entropy: panels nobody could rebuild
+            f"seed must be an integer >= 0, got {seed!r}: the panels are rebuilt from it"
+        )
+    if isinstance(task, str):
+        raise OptionError(
+            f"make_panels takes a task object, got the name {task!r}: pass "
+            "cel_numpy.tasks.get_task(name)"
+        )
     check_fold(task, fold)
     rng = np.random.default_rng(seed)
     if isinstance(task, TemplateTask):

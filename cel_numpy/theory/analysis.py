@@ -93,6 +93,8 @@ def loadings(params: dict, batch: Batch) -> tuple[np.ndarray, np.ndarray]:
 def concentration(c_loading: np.ndarray) -> float:
     """C = max_h |beta_h| / sum_h |beta_h|, in [1/H, 1]."""
     mag = np.abs(np.asarray(c_loading, dtype=np.float64))
+    if mag.size == 0:
+        raise ValueError("concentration is undefined: no head's c-loading was given")
     total = mag.sum()
     if total == 0:
         raise ValueError("concentration is undefined: every c-loading is zero")

@@ -44,8 +44,9 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("n_heads", "steps", "batch_size", "log_every", "log_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if not 0 < self.init_scale < math.inf:
             raise ValueError(f"init_scale must be a finite number > 0, got {self.init_scale}")
         if not 0 < self.lr < math.inf:
