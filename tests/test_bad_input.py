@@ -163,6 +163,18 @@ def _localize(model: str, out: Path | str, *extra: str) -> list[str]:
     ]
 
 
+def _test_heads(out: Path | str, *extra: str) -> list[str]:
+    """test-heads of L1H1 on SmolLM2's agreement task (refused before the model is read)."""
+    return ["test-heads", "--model", "smollm2", "--task", "agreement", "--heads", "L1H1",
+            "--out", str(out), *extra]  # fmt: skip
+
+
+def _explain(out: Path | str, *extra: str) -> list[str]:
+    """explain L1H1 of SmolLM2 on ioi (refused before the model is read)."""
+    return ["explain", "--model", "smollm2", "--task", "ioi", "--heads", "L1H1",
+            "--out", str(out), *extra]  # fmt: skip
+
+
 def _manifest_mismatch(tmp: Path) -> list[str]:
     params = theory_params(tmp)
     argv = _localize(f"theory:{params}", tmp / "run", "--task", "A", "--stage", "baseline")
@@ -878,40 +890,14 @@ CASES = [
     Case(
         "resample-seed-alone",
         "test-heads --resample-seed without --ablation resample",
-        lambda t: [
-            "test-heads",
-            "--model",
-            "smollm2",
-            "--task",
-            "agreement",
-            "--heads",
-            "L1H1",
-            "--resample-seed",
-            "1",
-            "--out",
-            str(t / "run"),
-        ],
+        lambda t: _test_heads(t / "run", "--resample-seed", "1"),
         r"--resample-seed has no effect without --ablation resample: add it, or drop "
         r"--resample-seed",
     ),
     Case(
         "resample-seed-negative",
         "test-heads --ablation resample --resample-seed -1",
-        lambda t: [
-            "test-heads",
-            "--model",
-            "smollm2",
-            "--task",
-            "agreement",
-            "--heads",
-            "L1H1",
-            "--ablation",
-            "resample",
-            "--resample-seed",
-            "-1",
-            "--out",
-            str(t / "run"),
-        ],
+        lambda t: _test_heads(t / "run", "--ablation", "resample", "--resample-seed", "-1"),
         r"--resample-seed must be >= 0, got -1",
     ),
     Case(
@@ -1139,17 +1125,7 @@ CASES = [
     Case(
         "out-holds-another-report",
         "test-heads --out naming a folder that holds explain's report.json (no manifest.json)",
-        lambda t: [
-            "test-heads",
-            "--model",
-            "smollm2",
-            "--task",
-            "agreement",
-            "--heads",
-            "L1H1",
-            "--out",
-            str(_write((t / "ex").mkdir() or t / "ex", "report.json", b"{}") and t / "ex"),
-        ],
+        lambda t: _test_heads(_write((t / "ex").mkdir() or t / "ex", "report.json", b"{}").parent),
         r"--out \S+ex holds report\.json but no manifest\.json: it is not a run directory, and "
         r"the run would overwrite that file: give a folder of its own",
     ),
@@ -1414,37 +1390,13 @@ CASES = [
     Case(
         "explain-negative-seed",
         "explain --seed -1",
-        lambda t: [
-            "explain",
-            "--model",
-            "smollm2",
-            "--task",
-            "ioi",
-            "--heads",
-            "L1H1",
-            "--seed",
-            "-1",
-            "--out",
-            str(t / "x"),
-        ],
+        lambda t: _explain(t / "x", "--seed", "-1"),
         r"--seed must be at least 0, got -1",
     ),
     Case(
         "explain-empty-panel",
         "explain --heldout 0",
-        lambda t: [
-            "explain",
-            "--model",
-            "smollm2",
-            "--task",
-            "ioi",
-            "--heads",
-            "L1H1",
-            "--heldout",
-            "0",
-            "--out",
-            str(t / "x"),
-        ],
+        lambda t: _explain(t / "x", "--heldout", "0"),
         r"--heldout must be at least 1, got 0",
     ),
     Case(
