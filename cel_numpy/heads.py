@@ -51,6 +51,11 @@ def _is_int(x) -> bool:
     return not isinstance(x, bool) and hasattr(x, "__index__") and not isinstance(x, str)
 
 
+def _clip(text: str) -> str:
+    """`text` as an error shows it: at most 60 characters (a 12,000-head list is not echoed)."""
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _parse_name(text: str, what: str) -> list[Head]:
     if text.strip().lower() == INTACT_NAME:
         return []
@@ -58,12 +63,12 @@ def _parse_name(text: str, what: str) -> list[Head]:
     for part in re.split(r"[+,]", text):
         match = _NAME.fullmatch(part)
         if match is None and not part.strip():
-            shown = text if len(text) <= 60 else text[:57] + "..."
+            shown = _clip(text)
             raise _fail(
                 what, f"{shown!r} has an empty name (a + or , at an end, or two in a row): {HOW}"
             )
         if match is None:
-            shown = part.strip() if len(part.strip()) <= 60 else part.strip()[:57] + "..."
+            shown = _clip(part.strip())
             old = re.fullmatch(r"([0-9]+)\.([0-9]+)", shown)  # the dotted spelling of old versions
             hint = f"write L{old[1]}H{old[2]} for layer {old[1]}, head {old[2]}" if old else HOW
             raise _fail(what, f"{shown!r} is not a head name: {hint}")

@@ -14,6 +14,9 @@ directory) goes through these few helpers, so one rule holds everywhere:
                                        this machine's memory (a one-line error, not a MemoryError)
     available_memory()                 what new allocations can use now without swapping (read
                                        before each optional cache entry, not once at start)
+    check_whole_numbers(name=(v, min)) a count or seed that is an integer (not a bool, float,
+                                       string or None) and at least `min`: a 2.5 would be
+                                       truncated, a None seed draw fresh entropy
 
 Nothing here imports the rest of the package except cel_numpy.errors.
 """
@@ -21,6 +24,7 @@ Nothing here imports the rest of the package except cel_numpy.errors.
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import stat
 from pathlib import Path
@@ -160,3 +164,12 @@ def as_path(spec, what: str) -> Path:
     if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
         raise OptionError(f"{what} is empty: give a file or folder")
     return Path(spec).expanduser()
+
+
+def check_whole_numbers(**values: tuple) -> None:
+    """OptionError naming the first argument that is not an integer at least its bound, given
+    as name=(value, least); numpy integers count as integers, bools do not."""
+    for name, (value, least) in values.items():
+        whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        if not whole or value < least:
+            raise OptionError(f"{name} must be an integer >= {least}, got {value!r}")

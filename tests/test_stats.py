@@ -211,11 +211,11 @@ def test_a_value_no_test_can_take_is_refused(call, message):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: wilson_interval(5, -10), "n must be a count"),
+        (lambda: wilson_interval(5, -10), "n must be an integer >= 0, got -10"),
         (lambda: wilson_interval(11, 10), "x must be at most n"),
         (lambda: wilson_interval(5, 10, z=-1.0), "z must be a positive number"),
-        (lambda: newcombe_paired_interval(-1, 2, 3, 4), "a must be a count"),
-        (lambda: mcnemar_exact(2.5, 1), "rescued must be a count"),
+        (lambda: newcombe_paired_interval(-1, 2, 3, 4), "a must be an integer >= 0, got -1"),
+        (lambda: mcnemar_exact(2.5, 1), "rescued must be an integer >= 0, got 2.5"),
         (lambda: paired_summary([], []), "no paired items"),
         (lambda: paired_summary(["no", "yes"], [True, False]), "must be True or False, got 'no'"),
         (lambda: cluster_bootstrap_interval([1.0], [1], n_resamples=0), "n_resamples"),

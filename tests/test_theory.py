@@ -446,7 +446,7 @@ def test_run_theory_refuses_a_seed_it_could_not_repeat(tmp_path):
 
     for seed, kw, message in (
         (None, {}, "seed must be an integer >= 0, got None"),
-        (0, {"eval_samples": 0}, "eval_samples must be a positive integer, got 0"),
+        (0, {"eval_samples": 0}, "eval_samples must be an integer >= 1, got 0"),
     ):
         with pytest.raises(OptionError, match=message):
             run_theory(TrainConfig(), seed, tmp_path / "out", **kw)

@@ -52,6 +52,7 @@ from concurrent.futures import Executor
 from pathlib import Path
 
 from cel_numpy.errors import UserError
+from cel_numpy.limits import check_whole_numbers
 from cel_numpy.localize import rundir as rd
 from cel_numpy.localize.conditions import (
     INTACT,
@@ -350,17 +351,6 @@ def describe_single_process() -> str:
     return f"1 process, {n} BLAS thread{'s' * (n != 1)}"
 
 
-def check_whole_numbers(**values: tuple) -> None:
-    """UserError naming the first argument that is not an integer at least its bound:
-    name=(value, least); a value of None (an optional seed) passes."""
-    for name, (value, least) in values.items():
-        if value is None:
-            continue
-        whole = hasattr(value, "__index__") and not isinstance(value, (bool, str))  # numpy ints
-        if not whole or value < least:
-            raise UserError(f"{name} must be an integer >= {least}, got {value!r}")
-
-
 def chunk_blocks(
     blocks: Sequence[rd.Block], panel_sizes: dict[str, int], chunk_size: int, chunk_items: int
 ) -> list[list[rd.Block]]:
@@ -455,15 +445,15 @@ class Localizer:
         matched_gate: float | None = None,
         gradient_agreement: bool = False,
     ):
+        optional_seeds = {"null_seed": null_seed, "matched_seed": matched_seed}
         check_whole_numbers(  # a 2.5 or a "1" would be truncated or fail deep inside
             n_discovery=(n_discovery, 1),
             n_heldout=(n_heldout, 1),
             seed=(seed, 0),
             null_sets=(null_sets, 0),
-            null_seed=(null_seed, 0),
+            **{name: (v, 0) for name, v in optional_seeds.items() if v is not None},
             matched_null=(matched_null, 0),
             matched_pool=(matched_pool, 1),
-            matched_seed=(matched_seed, 0),
             n_nominees=(n_nominees, 1),
             n_finalists=(n_finalists, 1),
             n_candidates=(n_candidates, 1),
@@ -471,10 +461,6 @@ class Localizer:
             chunk_items=(chunk_items, 1),
             slice_items=(slice_items, 1),
         )
-        if n_discovery < 1 or n_heldout < 1:
-            raise UserError(
-                f"--discovery and --heldout must be >= 1 (got {n_discovery}, {n_heldout})"
-            )
         if screen not in SCREENS:
             raise UserError(f"screen must be one of {', '.join(SCREENS)}, got {screen!r}")
         if n_candidates < n_nominees:
@@ -484,13 +470,6 @@ class Localizer:
         if tie_break not in TIE_BREAKS:
             raise UserError(
                 f"--tie-break must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}"
-            )
-        if null_sets < 0:
-            raise UserError(f"--null-sets must be >= 0, got {null_sets}")
-        if matched_null < 0 or matched_pool < 1:
-            raise UserError(
-                f"--matched-null must be >= 0 and --matched-pool >= 1 (got {matched_null}, "
-                f"{matched_pool})"
             )
         if matched_gate is not None and not 0 < matched_gate <= 1:
             raise UserError(f"--matched-gate must be in (0, 1], got {matched_gate}")
@@ -515,9 +494,9 @@ class Localizer:
         self.cross_tasks = [t for t in cross_tasks if t.name != task.name]
         self.n_discovery, self.n_heldout, self.seed = int(n_discovery), int(n_heldout), int(seed)
         self.executor = executor
-        self.chunk_size = max(1, int(chunk_size))
-        self.chunk_items = max(1, int(chunk_items))
-        self.slice_items = max(1, int(slice_items))
+        self.chunk_size = int(chunk_size)
+        self.chunk_items = int(chunk_items)
+        self.slice_items = int(slice_items)
         self.progress = progress
         self.stream = stream if stream is not None else sys.stderr
         self.command = command if command is not None else " ".join(sys.argv)

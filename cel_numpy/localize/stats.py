@@ -52,27 +52,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from scipy import stats
 
+from cel_numpy.limits import check_whole_numbers
+
 EXACT_LIMIT = 2**20  # sign patterns enumerated one by one; above, counted by convolution
 N_BOOTSTRAP = 10_000
 N_MONTE_CARLO = 100_000
 
 
-def _check_counts(**counts) -> None:
-    """ValueError naming the first count that is not a whole number >= 0 (a -1 or a 2.5 would
-    give an interval or a p-value that looks valid)."""
-    for name, value in counts.items():
-        if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0):
-            raise ValueError(f"{name} must be a count (an integer >= 0), got {value!r}")
-
-
-def _check_seed(seed) -> None:
-    if not (isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and seed >= 0):
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-
-
 def wilson_interval(x: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """Wilson score interval for x successes out of n (Newcombe 1998 method 3)."""
-    _check_counts(x=x, n=n)
+    check_whole_numbers(x=(x, 0), n=(n, 0))  # a -1 or a 2.5 would give an interval
     if x > n:
         raise ValueError(f"x = {x} successes out of n = {n}: x must be at most n")
     if not (isinstance(z, numbers.Real) and math.isfinite(z) and z > 0):
@@ -102,7 +91,7 @@ def mover_difference(
 
 def newcombe_paired_interval(a: int, b: int, c: int, d: int) -> tuple[float, float]:
     """95% interval for (b - c) / n, n = a + b + c + d (see the module docstring for the cells)."""
-    _check_counts(a=a, b=b, c=c, d=d)
+    check_whole_numbers(a=(a, 0), b=(b, 0), c=(c, 0), d=(d, 0))
     n = a + b + c + d
     if n == 0:
         return -1.0, 1.0
@@ -122,7 +111,7 @@ def newcombe_paired_interval(a: int, b: int, c: int, d: int) -> tuple[float, flo
 
 def mcnemar_exact(rescued: int, damaged: int) -> float:
     """Two-sided exact McNemar p-value: binomial test of rescued out of rescued + damaged at 1/2."""
-    _check_counts(rescued=rescued, damaged=damaged)
+    check_whole_numbers(rescued=(rescued, 0), damaged=(damaged, 0))
     k = rescued + damaged
     if k == 0:
         return 1.0
@@ -207,9 +196,7 @@ def sign_flip_test(
     """
     if method not in ("auto", "exact", "monte-carlo"):
         raise ValueError(f"method must be auto, exact or monte-carlo, got {method!r}")
-    if not (isinstance(n_resamples, (int, np.integer)) and n_resamples >= 1):
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
-    _check_seed(seed)
+    check_whole_numbers(n_resamples=(n_resamples, 1), seed=(seed, 0))
     g = np.asarray([x for x in gains if x != 0], dtype=np.float64)  # (m,)
     if not np.isfinite(g).all():  # a NaN or inf gain would give p = 0
         raise ValueError("gains must be finite numbers; got a NaN or an infinity")
@@ -282,11 +269,9 @@ def cluster_bootstrap_interval(
         raise ValueError(f"need one size per cluster, got {len(g)} gains and {len(n)} sizes")
     if not np.isfinite(g).all() or not (n >= 1).all():
         raise ValueError("gains must be finite and every cluster size at least 1")
-    if not (isinstance(n_resamples, numbers.Integral) and n_resamples >= 1):
-        raise ValueError(f"n_resamples must be a positive integer, got {n_resamples!r}")
+    check_whole_numbers(n_resamples=(n_resamples, 1), seed=(seed, 0))
     if not (isinstance(level, numbers.Real) and 0 < level < 1):
         raise ValueError(f"level must be between 0 and 1, got {level!r}")
-    _check_seed(seed)
     rng = np.random.default_rng(seed)
     rates = np.empty(n_resamples)
     step = max(1, 2**22 // len(g))

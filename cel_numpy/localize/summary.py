@@ -48,11 +48,14 @@ def cell(text) -> str:
     return out.replace("|", "\\|")
 
 
-# what repairs a damaged report.json: the report stage rewrites it from the kept records
-REPAIR_REPORT = (
+# what repairs a damaged file of a run: the report stage rewrites report.json from the kept
+# records; a damaged manifest is the run itself
+REPAIR = (
     "not a report cel-numpy wrote (edited or damaged); rerun the run's command (in its "
-    "manifest.json) with the same --out: its report stage rewrites report.json from the kept "
-    "records"
+    "manifest.json) "
+)
+REPAIR_REPORT = (
+    REPAIR + "with the same --out: its report stage rewrites report.json from the kept records"
 )
 
 
@@ -60,15 +63,10 @@ def _check(cond: bool, path: Path, field: str, value, want: str) -> None:
     if not cond:
         shown = "missing (or null)" if value is None else repr(value)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        fix = (  # the report stage rewrites report.json from the records; a manifest is the run
-            "with the same --out: its report stage rewrites report.json from the kept records"
-            if Path(path).name == "report.json"
-            else "with a fresh --out"
+        advice = (
+            REPAIR_REPORT if Path(path).name == "report.json" else REPAIR + "with a fresh --out"
         )
-        raise RunDirError(
-            f"{path}: {field} is {shown}, not {want}: not a report cel-numpy wrote (edited or "
-            f"damaged); rerun the run's command (in its manifest.json) {fix}"
-        )
+        raise RunDirError(f"{path}: {field} is {shown}, not {want}: {advice}")
 
 
 def _is_int(x) -> bool:

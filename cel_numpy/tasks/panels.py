@@ -52,6 +52,7 @@ import zlib
 import numpy as np
 
 from cel_numpy.errors import OptionError
+from cel_numpy.limits import check_whole_numbers
 from cel_numpy.tasks.base import Item, Task
 from cel_numpy.tasks.template import TemplateTask
 
@@ -175,10 +176,7 @@ def make_panels(
             raise OptionError(
                 f"{label} must be a positive integer, got {n!r}: an empty panel measures nothing"
             )
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise OptionError(  # None would draw fresh entropy: panels nobody could rebuild
-            f"seed must be an integer >= 0, got {seed!r}: the panels are rebuilt from it"
-        )
+    check_whole_numbers(seed=(seed, 0))  # None would draw fresh entropy: no one could rebuild
     if isinstance(task, str):
         raise OptionError(
             f"make_panels takes a task object, got the name {task!r}: pass "

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cel_numpy.errors import OptionError
+from cel_numpy.limits import check_whole_numbers
 from cel_numpy.outdir import prepare_out
 from cel_numpy.theory.analysis import (
     best_ablation,
@@ -110,12 +110,8 @@ def run_theory(
     concentration, heads [{head, c_loading, s_loading, ablate_delta_a, ablate_delta_b}],
     best_joint_ablation {heads, delta_a, delta_b, ...}, config, seed, and more.
     """
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise OptionError(  # None would draw fresh entropy: a run nobody could repeat
-            f"seed must be an integer >= 0, got {seed!r}: the run is reproduced from it"
-        )
-    if not isinstance(eval_samples, (int, np.integer)) or eval_samples < 1:
-        raise OptionError(f"eval_samples must be a positive integer, got {eval_samples!r}")
+    # None would draw fresh entropy (a run no one could repeat); 0 samples give NaN losses
+    check_whole_numbers(seed=(seed, 0), eval_samples=(eval_samples, 1))
     out = prepare_out(out_dir, "out_dir") if out_dir is not None else None
     train_rng, eval_rng = np.random.default_rng(seed).spawn(2)
     t0 = time.perf_counter()

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from cel_numpy.errors import DivergenceError
+from cel_numpy.limits import check_whole_numbers
 from cel_numpy.theory.data import TASK_A, TASK_B, WorldConfig, sample_batch
 from cel_numpy.theory.model import init_params, loss_and_grads, loss_of
 
@@ -43,10 +44,8 @@ class TrainConfig:
     log_samples: int = 2048  # fresh samples per task at each log record
 
     def __post_init__(self):
-        for name in ("n_heads", "steps", "batch_size", "log_every", "log_samples"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        names = ("n_heads", "steps", "batch_size", "log_every", "log_samples")
+        check_whole_numbers(**{name: (getattr(self, name), 1) for name in names})
         if not 0 < self.init_scale < math.inf:
             raise ValueError(f"init_scale must be a finite number > 0, got {self.init_scale}")
         if not 0 < self.lr < math.inf:
