@@ -17,6 +17,7 @@ import pytest
 from helpers import PlantedTask, planted_model
 
 import cel_numpy as cn
+from cel_numpy.errors import InvalidHeadError
 from cel_numpy.localize.evaluate import LMEvaluator
 from cel_numpy.models.fast import Stop, ablated_readout, forward, generate_conditions, prepare
 from cel_numpy.tasks import TASKS, make_panels
@@ -327,6 +328,38 @@ def test_evaluator_fast_equals_naive_planted(scoring, ablation):
         ev = LMEvaluator(model, task, **kw, **switches)
         fast = ev.evaluate_many(items, conds[:5]) + ev.evaluate_many(items, conds[5:])
         assert_same_results(fast, naive, atol=1e-9)  # float64 model
+
+
+@pytest.mark.parametrize("scoring", ["generate", "choice"])
+@pytest.mark.parametrize("ablation", ["zero", "mean", "resample"])
+def test_evaluator_on_no_items_gives_one_empty_list_per_condition(scoring, ablation):
+    """An empty panel (or an empty slice of one) is nothing to evaluate, not a crash; a head
+    outside the model is still refused."""
+    model = planted_model(np.random.default_rng(3))
+    task = PlantedTask(scoring)
+    items = task.sample(np.random.default_rng(4), 6)
+    conds = _conditions(model.config.n_layers, model.config.n_heads)[:3]
+    for fast in (True, False):
+        ev = LMEvaluator(model, task, fast=fast, ablation=ablation, reference_items=items)
+        assert ev.evaluate_many([], conds) == [[], [], []]
+        assert ev.evaluate_many(items, conds, rows=range(2, 2)) == [[], [], []]
+        assert ev.evaluate_many(items, []) == []
+        with pytest.raises(InvalidHeadError, match="is not in the model"):
+            ev.evaluate_many([], [((model.config.n_layers, 0),)])
+
+
+def test_theory_evaluator_on_no_items_gives_one_empty_list_per_condition():
+    from cel_numpy.localize import TheoryEvaluator, TheoryTask
+    from cel_numpy.theory import TrainConfig, train
+
+    config = TrainConfig(steps=5, log_every=5)
+    task = TheoryTask("A", config.world)
+    ev = TheoryEvaluator(train(config, np.random.default_rng(0)).params, task)
+    assert ev.evaluate_many([], [(), "L0H1"]) == [[], []]
+    items = task.sample(np.random.default_rng(1), 4)
+    assert ev.evaluate_many(items, [()], rows=range(0)) == [[]]
+    with pytest.raises(InvalidHeadError, match="is not in the model"):
+        ev.evaluate_many([], ["L1H0"])
 
 
 def test_token_budget_chunks():

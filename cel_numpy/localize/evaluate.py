@@ -284,6 +284,10 @@ class LMEvaluator:
         return {"ablate": list(cond), "ablation": kind, "mean_z": fill}
 
     def evaluate_many(self, items, conditions, rows: range | None = None):
+        if not items or rows is not None and not rows:  # nothing to evaluate
+            for cond in conditions:
+                check_heads(normalize_condition(cond), self.n_layers, self.n_heads)
+            return [[] for _ in conditions]
         if rows is not None:
             if self.ablation == "resample":
                 self._resample_fill(items, rows)  # donors from the whole panel, remembered
@@ -580,6 +584,10 @@ class TheoryEvaluator:
         return out
 
     def evaluate_many(self, items, conditions, rows: range | None = None):
+        if not items or rows is not None and not rows:  # nothing to evaluate
+            for cond in conditions:
+                check_heads(normalize_condition(cond), self.n_layers, self.n_heads)
+            return [[] for _ in conditions]
         # resample donors come from the whole panel: evaluate it all, keep the rows asked for
         results = evaluate_naive(self.evaluate_condition, items, conditions)
         return results if rows is None else [[res[i] for i in rows] for res in results]
